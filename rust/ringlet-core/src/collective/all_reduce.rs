@@ -1,0 +1,231 @@
+//! All-reduce: every rank ends with the element-wise reduction of every
+//! rank's buffer, bit-identical on all ranks.
+//!
+//! Shared memory, three paths by size:
+//! * small (<= `small_bytes`): each rank copies its buffer into its slot, one
+//!   phase, then every rank reduces all slots in rank order into its buffer.
+//!   One synchronisation per call.
+//! * staged (medium, or no cross-memory attach): pieces of half a slot. Per
+//!   piece, rank r owns part r: it reduces part r of every slot into its own
+//!   slot (phase), then every rank copies each owner's part out (phase).
+//! * single-copy (large, cross-memory attach): rank r reads part r of each
+//!   peer's buffer, 256 KiB at a time, into a cache-resident scratch and
+//!   reduces it into its own buffer (phase), then copies every other part
+//!   straight out of its owner's buffer (phase, after which buffers are free).
+//!
+//! TCP: small messages are exchanged with every peer and reduced locally in
+//! rank order; larger ones use a ring reduce-scatter then a ring all-gather
+//! (2(p-1)/p of the buffer crosses each link). float16/bfloat16 travel and
+//! accumulate as float32.
+
+use super::{part_bytes, pieces, scratch, split_ref_mut, via_f32, CMA_PIECE, TCP_SMALL};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::Result;
+use crate::group::{Communicator, Config, Link};
+use crate::reduce;
+use crate::transport::shm::ShmGroup;
+use crate::transport::tcp::{TcpMesh, Xfer};
+use crate::transport::{OpDesc, OpKind};
+
+const OP: &str = "all_reduce";
+
+impl Communicator {
+    /// Reduces `buf` (elements of `dtype`) across all ranks, in place.
+    pub fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
+        op.check(dtype)?;
+        let count = super::elements(buf.len(), dtype, OP)?;
+        self.guarded(|c| {
+            let desc = c.next_desc(OpKind::AllReduce, dtype, Some(op), count, 0);
+            match &mut c.link {
+                Link::Local => Ok(()),
+                Link::Shm { shm, .. } => shm_all_reduce(shm, &c.cfg, desc, buf, dtype, op),
+                Link::Tcp(mesh) => {
+                    mesh.agree(&desc, c.cfg.timeout)?;
+                    tcp_all_reduce(mesh, &c.cfg, buf, dtype, op)
+                }
+            }
+        })
+    }
+}
+
+fn shm_all_reduce(
+    shm: &mut ShmGroup,
+    cfg: &Config,
+    mut desc: OpDesc,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, esz) = (buf.len(), dtype.size());
+    let (p, r) = (shm.size(), shm.rank());
+    if n <= cfg.small_bytes.min(shm.half_bytes()) {
+        shm.next_half();
+        shm.put(0, buf);
+        shm.arrive(&desc)?;
+        return shm.reduce_all_slots(dtype, op, 0, buf);
+    }
+    let count = n / esz;
+    if shm.cma() && n >= cfg.cma_threshold {
+        desc.addr = buf.as_ptr() as u64;
+        shm.next_half();
+        shm.arrive(&desc)?;
+        let addrs: Vec<u64> = (0..p)
+            .map(|j| shm.peer_desc(j).map(|d| d.addr))
+            .collect::<Result<_>>()?;
+        let mine = part_bytes(count, p, r, esz);
+        let piece = (CMA_PIECE / esz) * esz;
+        let mut tmp = scratch((p - 1) * piece);
+        let tmp: &mut [u8] = bytemuck::cast_slice_mut(&mut tmp);
+        for range in pieces(mine.len(), piece, esz) {
+            let len = range.len();
+            let at = mine.start + range.start;
+            let mut slots: Vec<&mut [u8]> = tmp.chunks_mut(piece).map(|c| &mut c[..len]).collect();
+            for (slot, j) in slots.iter_mut().zip((0..p).filter(|&j| j != r)) {
+                shm.read_peer(j, addrs[j] + at as u64, slot, OP)?;
+            }
+            let srcs: Vec<&[u8]> = slots.iter().map(|s| &**s).collect();
+            reduce::reduce_inplace(dtype, op, &mut buf[at..at + len], &srcs)?;
+        }
+        shm.sync(OP)?;
+        for j in (0..p).filter(|&j| j != r) {
+            let theirs = part_bytes(count, p, j, esz);
+            shm.read_peer(j, addrs[j] + theirs.start as u64, &mut buf[theirs], OP)?;
+        }
+        return shm.sync(OP);
+    }
+    for (k, piece) in pieces(n, shm.half_bytes(), esz).into_iter().enumerate() {
+        shm.next_half();
+        shm.put(0, &buf[piece.clone()]);
+        if k == 0 {
+            shm.arrive(&desc)?;
+        } else {
+            shm.sync(OP)?;
+        }
+        let pcount = piece.len() / esz;
+        let mine = part_bytes(pcount, p, r, esz);
+        shm.reduce_into_own_slot(dtype, op, mine.start, mine.len())?;
+        shm.get(
+            r,
+            mine.start,
+            &mut buf[piece.start + mine.start..piece.start + mine.end],
+        );
+        shm.sync(OP)?;
+        for j in (0..p).filter(|&j| j != r) {
+            let theirs = part_bytes(pcount, p, j, esz);
+            shm.get(
+                j,
+                theirs.start,
+                &mut buf[piece.start + theirs.start..piece.start + theirs.end],
+            );
+        }
+    }
+    Ok(())
+}
+
+/// TCP all-reduce after the agreement check (also used by other collectives).
+pub(crate) fn tcp_all_reduce(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        return via_f32(dtype, buf, |wide| {
+            tcp_all_reduce(mesh, cfg, wide, DType::F32, op)
+        });
+    }
+    let (p, r) = (mesh.size(), mesh.rank());
+    let esz = dtype.size();
+    if buf.len() <= TCP_SMALL {
+        let mut theirs = vec![scratch(buf.len()); p];
+        {
+            let mut x: Vec<Xfer> = Vec::with_capacity(2 * p);
+            for (j, t) in theirs.iter_mut().enumerate().filter(|(j, _)| *j != r) {
+                x.push(Xfer::send(j, buf));
+                x.push(Xfer::recv(j, &mut bytemuck::cast_slice_mut(t)[..buf.len()]));
+            }
+            mesh.transfer(&mut x, OP, cfg.timeout)?;
+        }
+        let srcs: Vec<&[u8]> = theirs
+            .iter()
+            .enumerate()
+            .map(|(j, t)| {
+                if j == r {
+                    &*buf
+                } else {
+                    &bytemuck::cast_slice(t)[..buf.len()]
+                }
+            })
+            .collect();
+        let mut out = scratch(buf.len());
+        let out = &mut bytemuck::cast_slice_mut(&mut out)[..buf.len()];
+        reduce::reduce_into(dtype, op, out, &srcs)?;
+        buf.copy_from_slice(out);
+        return Ok(());
+    }
+    let count = buf.len() / esz;
+    ring_reduce_scatter(mesh, cfg, buf, dtype, op, 0)?;
+    ring_all_gather(mesh, cfg, buf, count, esz, 1)
+}
+
+/// Ring reduce-scatter over `p` parts of `buf`, in place. At step s rank r
+/// sends part `r - s + shift` to the next rank and reduces part
+/// `r - s - 1 + shift` (mod p) received from the previous one; after p-1 steps
+/// it owns the fully reduced part `r + 1 + shift` (so `shift = p - 1` leaves
+/// rank r with part r).
+pub(crate) fn ring_reduce_scatter(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    shift: usize,
+) -> Result<()> {
+    let (p, r) = (mesh.size(), mesh.rank());
+    let esz = dtype.size();
+    let count = buf.len() / esz;
+    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    let mut tmp = scratch(part_bytes(count, p, 0, esz).len());
+    let tmp: &mut [u8] = bytemuck::cast_slice_mut(&mut tmp);
+    for s in 0..p - 1 {
+        let send = part_bytes(count, p, (r + p - s + shift) % p, esz);
+        let recv = part_bytes(count, p, (r + 2 * p - s - 1 + shift) % p, esz);
+        let incoming = &mut tmp[..recv.len()];
+        mesh.transfer(
+            &mut [Xfer::send(next, &buf[send]), Xfer::recv(prev, incoming)],
+            OP,
+            cfg.timeout,
+        )?;
+        reduce::reduce_inplace(dtype, op, &mut buf[recv], &[incoming])?;
+    }
+    Ok(())
+}
+
+/// Ring all-gather over `p` parts of `buf`, in place, when rank r starts out
+/// holding part `(r + shift) % p`.
+pub(crate) fn ring_all_gather(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    count: usize,
+    esz: usize,
+    shift: usize,
+) -> Result<()> {
+    let (p, r) = (mesh.size(), mesh.rank());
+    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    for s in 0..p - 1 {
+        let send = part_bytes(count, p, (r + shift + p - s) % p, esz);
+        let recv = part_bytes(count, p, (r + shift + 2 * p - s - 1) % p, esz);
+        let (out, inc) = split_ref_mut(buf, send, recv);
+        mesh.transfer(
+            &mut [Xfer::send(next, out), Xfer::recv(prev, inc)],
+            "all_gather",
+            cfg.timeout,
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The collectives, one file each. Every collective is an `impl Communicator`
+//! block with one algorithm per transport:
+//!
+//! * shared memory: staged through slots in pipeline pieces, or single-copy
+//!   through cross-memory attach for large messages;
+//! * TCP: rings (reduce-scatter, all-gather) and direct exchanges.
+//!
+//! Every collective starts with an agreement phase in which all ranks compare
+//! their operation descriptors, so ranks that disagree get an error, never
+//! corrupted data.
+
+mod all_gather;
+mod all_reduce;
+mod barrier;
+mod broadcast;
+mod reduce_scatter;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use std::ops::Range;
+
+/// Bytes per piece when reading a peer's memory directly: small enough that
+/// the pieces stay in cache while they are reduced.
+pub(crate) const CMA_PIECE: usize = 256 << 10;
+
+/// Messages up to this many bytes take the TCP direct-exchange path.
+pub(crate) const TCP_SMALL: usize = 64 << 10;
+
+/// The element range of part `i` when `count` elements are split into `parts`
+/// contiguous parts as evenly as possible (the first `count % parts` parts get
+/// one element more).
+pub(crate) fn part(count: usize, parts: usize, i: usize) -> Range<usize> {
+    let base = count / parts;
+    let extra = count % parts;
+    let start = i * base + i.min(extra);
+    start..start + base + usize::from(i < extra)
+}
+
+/// `part` in bytes.
+pub(crate) fn part_bytes(count: usize, parts: usize, i: usize, esz: usize) -> Range<usize> {
+    let r = part(count, parts, i);
+    r.start * esz..r.end * esz
+}
+
+/// Consecutive pieces of at most `max` bytes (a multiple of `esz`) covering
+/// `0..len`; one empty piece when `len == 0`, so every operation runs at least
+/// its agreement phase.
+pub(crate) fn pieces(len: usize, max: usize, esz: usize) -> Vec<Range<usize>> {
+    let max = (max / esz).max(1) * esz;
+    if len == 0 {
+        return vec![0..0];
+    }
+    (0..len)
+        .step_by(max)
+        .map(|s| s..(s + max).min(len))
+        .collect()
+}
+
+/// A shared view of `a` and a mutable view of `b` in one buffer (`a` and `b`
+/// must not overlap).
+pub(crate) fn split_ref_mut(
+    buf: &mut [u8],
+    a: Range<usize>,
+    b: Range<usize>,
+) -> (&[u8], &mut [u8]) {
+    if a.end <= b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.end - b.start])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.end - a.start], &mut lo[b])
+    }
+}
+
+/// Checks that a byte length holds whole elements.
+pub(crate) fn elements(len: usize, dtype: DType, what: &str) -> Result<usize> {
+    if len % dtype.size() != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {len} bytes is not a whole number of {} elements",
+            dtype.name()
+        )));
+    }
+    Ok(len / dtype.size())
+}
+
+/// A zeroed scratch buffer aligned for any element type.
+pub(crate) fn scratch(bytes: usize) -> Vec<u64> {
+    vec![0u64; bytes.div_ceil(8)]
+}
+
+/// Runs `f` on a float32 copy of a half-precision buffer and writes the result
+/// back rounded, so partial results travel and accumulate in float32.
+pub(crate) fn via_f32(
+    dtype: DType,
+    buf: &mut [u8],
+    f: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<()> {
+    let mut wide = vec![0f32; buf.len() / dtype.size()];
+    crate::reduce::widen_half(dtype, buf, &mut wide)?;
+    f(bytemuck::cast_slice_mut(&mut wide))?;
+    crate::reduce::narrow_half(dtype, &wide, buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_evenly() {
+        let r: Vec<_> = (0..3).map(|i| part(7, 3, i)).collect();
+        assert_eq!(r, vec![0..3, 3..5, 5..7]);
+        let r: Vec<_> = (0..4).map(|i| part(2, 4, i)).collect();
+        assert_eq!(r, vec![0..1, 1..2, 2..2, 2..2]);
+    }
+
+    #[test]
+    fn pieces_cover() {
+        assert_eq!(pieces(0, 8, 4), vec![0..0]);
+        assert_eq!(pieces(20, 8, 4), vec![0..8, 8..16, 16..20]);
+        assert_eq!(pieces(6, 5, 2), vec![0..4, 4..6]);
+    }
+
+    #[test]
+    fn split_views() {
+        let mut b = [0u8, 1, 2, 3, 4, 5];
+        let (a, m) = split_ref_mut(&mut b, 4..6, 0..2);
+        assert_eq!(a, &[4, 5]);
+        m[0] = 9;
+        assert_eq!(b[0], 9);
+    }
+}

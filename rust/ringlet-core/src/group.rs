@@ -1,0 +1,225 @@
+//! A communicator: this rank's place in a group of ranks, the transport that
+//! connects them, the operation sequence number, and the failure state.
+
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::transport::shm::ShmGroup;
+use crate::transport::tcp::TcpMesh;
+use crate::transport::{OpDesc, OpKind, WaitPolicy};
+use std::net::TcpListener;
+use std::time::Duration;
+
+/// Tunables of a communicator (the Python side fills them from `RINGLET_*`
+/// environment variables).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Longest wait for a peer without progress before failing.
+    pub timeout: Duration,
+    /// Use TCP even between ranks of one host.
+    pub force_tcp: bool,
+    /// Bytes of shared memory per rank (two halves for pipelining).
+    pub slot_bytes: usize,
+    /// Allow cross-memory attach (single-copy) for large messages.
+    pub cma: bool,
+    /// Messages of at least this many bytes use cross-memory attach.
+    pub cma_threshold: usize,
+    /// All-reduces up to this many bytes use the latency-optimised path.
+    pub small_bytes: usize,
+    /// Spin iterations before a waiting rank yields.
+    pub spins: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(300),
+            force_tcp: false,
+            slot_bytes: 8 << 20,
+            cma: true,
+            cma_threshold: 1 << 20,
+            small_bytes: 64 << 10,
+            spins: 2000,
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn wait_policy(&self) -> WaitPolicy {
+        WaitPolicy {
+            spins: self.spins,
+            ..WaitPolicy::with_timeout(self.timeout)
+        }
+    }
+}
+
+/// How the ranks of a communicator are connected.
+pub(crate) enum Link {
+    /// World of one: nothing to connect.
+    Local,
+    /// Every rank on one host: shared memory (TCP kept for liveness only).
+    Shm { shm: Box<ShmGroup>, _tcp: TcpMesh },
+    /// TCP streams between every pair.
+    Tcp(TcpMesh),
+}
+
+/// One rank's endpoint in a group of ranks.
+pub struct Communicator {
+    rank: usize,
+    size: usize,
+    seq: u64,
+    pub(crate) cfg: Config,
+    pub(crate) link: Link,
+    failure: Option<Error>,
+}
+
+impl Communicator {
+    /// A world of one rank.
+    pub fn single(cfg: Config) -> Communicator {
+        Communicator {
+            rank: 0,
+            size: 1,
+            seq: 0,
+            cfg,
+            link: Link::Local,
+            failure: None,
+        }
+    }
+
+    /// Connects rank `rank` to the ranks listening at `addrs` (one per rank,
+    /// `host:port`); `hosts[r]` identifies rank r's machine. All ranks on one
+    /// host (and `force_tcp` off) gives shared memory, otherwise TCP.
+    pub fn connect(
+        rank: usize,
+        addrs: &[String],
+        hosts: &[String],
+        listener: &TcpListener,
+        token: u64,
+        cfg: Config,
+    ) -> Result<Communicator> {
+        let size = addrs.len();
+        if size == 0 || rank >= size || hosts.len() != size {
+            return Err(Error::InvalidArgument(format!(
+                "bad peer table: rank {rank}, {size} addresses, {} hosts",
+                hosts.len()
+            )));
+        }
+        if size == 1 {
+            return Ok(Communicator::single(cfg));
+        }
+        let mesh = TcpMesh::connect(rank, addrs, listener, token, cfg.timeout)?;
+        let one_host = hosts.iter().all(|h| *h == hosts[0]);
+        let link = if one_host && !cfg.force_tcp {
+            match ShmGroup::establish(
+                rank,
+                size,
+                &mesh,
+                cfg.slot_bytes,
+                cfg.cma,
+                cfg.wait_policy(),
+            )? {
+                Some(shm) => Link::Shm {
+                    shm: Box::new(shm),
+                    _tcp: mesh,
+                },
+                None => Link::Tcp(mesh),
+            }
+        } else {
+            Link::Tcp(mesh)
+        };
+        Ok(Communicator {
+            rank,
+            size,
+            seq: 0,
+            cfg,
+            link,
+            failure: None,
+        })
+    }
+
+    /// This rank's index in the group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Which transport is in use: `"local"`, `"shm+cma"`, `"shm"` or `"tcp"`.
+    pub fn transport(&self) -> &'static str {
+        match &self.link {
+            Link::Local => "local",
+            Link::Shm { shm, .. } if shm.cma() => "shm+cma",
+            Link::Shm { .. } => "shm",
+            Link::Tcp(_) => "tcp",
+        }
+    }
+
+    /// The error that made this communicator unusable, if any.
+    pub fn failure(&self) -> Option<&Error> {
+        self.failure.as_ref()
+    }
+
+    /// Builds the descriptor of the next operation (advancing the sequence).
+    pub(crate) fn next_desc(
+        &mut self,
+        kind: OpKind,
+        dtype: DType,
+        op: Option<ReduceOp>,
+        count: usize,
+        root: usize,
+    ) -> OpDesc {
+        self.seq += 1;
+        OpDesc {
+            seq: self.seq,
+            kind,
+            dtype,
+            op,
+            count: count as u64,
+            root: root as u64,
+            addr: 0,
+        }
+    }
+
+    /// Runs one collective: refuses to start on a failed communicator, and
+    /// marks it failed (telling peers, so they stop waiting) on a fatal error.
+    pub(crate) fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        if let Some(e) = &self.failure {
+            return Err(Error::Aborted {
+                rank: self.rank,
+                reason: e.to_string(),
+            });
+        }
+        let out = f(self);
+        if let Err(e) = &out {
+            if e.is_fatal() {
+                self.abort(e.clone());
+            }
+        }
+        out
+    }
+
+    /// Gives up on the communicator: peers blocked on this rank fail fast.
+    pub fn abort(&mut self, reason: Error) {
+        match &self.link {
+            Link::Shm { shm, _tcp } => {
+                shm.abort();
+                _tcp.shutdown();
+            }
+            Link::Tcp(mesh) => mesh.shutdown(),
+            Link::Local => {}
+        }
+        if self.failure.is_none() {
+            self.failure = Some(reason);
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if let Link::Tcp(mesh) | Link::Shm { _tcp: mesh, .. } = &self.link {
+            mesh.shutdown();
+        }
+    }
+}

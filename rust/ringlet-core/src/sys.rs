@@ -1,0 +1,205 @@
+//! Thin safe wrappers over the Linux system calls the transports need. All of
+//! the engine's FFI lives here, so every `unsafe` call site is in this module
+//! or in `transport/shm/segment.rs` (pointer access into mapped memory).
+
+use crate::error::{Error, Result};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+fn last_err(context: &str) -> Error {
+    Error::io(context, io::Error::last_os_error())
+}
+
+/// An anonymous memory file (`memfd_create`) of `len` bytes. It has no name in
+/// any file system, so nothing is left behind when the processes exit, however
+/// they exit.
+pub fn memfd(len: usize) -> Result<OwnedFd> {
+    let name = CString::new("ringlet-shm").map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    // SAFETY: `name` is a valid NUL-terminated string that outlives the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(last_err("memfd_create"));
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscall on a valid fd.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+        return Err(last_err("ftruncate of the shared-memory file"));
+    }
+    // Owner-only permissions: other users cannot open it through /proc.
+    // SAFETY: plain syscall on a valid fd.
+    unsafe { libc::fchmod(fd.as_raw_fd(), 0o600) };
+    Ok(fd)
+}
+
+/// Opens another process's memfd through `/proc/<pid>/fd/<fd>` (needs the same
+/// user; the kernel checks ptrace-read permission).
+pub fn open_peer_fd(pid: u32, fd: i32) -> Result<OwnedFd> {
+    let path = CString::new(format!("/proc/{pid}/fd/{fd}"))
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    // SAFETY: `path` is a valid NUL-terminated string.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return Err(last_err(&format!("open /proc/{pid}/fd/{fd}")));
+    }
+    // SAFETY: `raw` is a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// A shared read-write mapping of a whole file; unmapped on drop.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all cross-thread access goes
+// through atomics or through the collectives' phase protocol.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` shared and read-write.
+    pub fn new(fd: &OwnedFd, len: usize) -> Result<Mapping> {
+        // SAFETY: a fresh mapping chosen by the kernel (addr = NULL) cannot
+        // overlap any Rust object; the fd is valid for the call.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(last_err("mmap of the shared-memory file"));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| last_err("mmap returned null"))?;
+        Ok(Mapping { ptr, len })
+    }
+
+    /// Start of the mapping (page aligned).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the mapping is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` describe exactly the mapping created in `new`;
+        // no references into it outlive `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Sleeps while `*word == expected`, for at most `timeout` (futex, shared
+/// between processes). Spurious returns are fine: callers re-check.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a valid, aligned u32 for the duration of the call; the
+    // kernel only reads it and the timespec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes every process sleeping in `futex_wait` on `word`.
+pub fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: `word` is a valid, aligned u32; FUTEX_WAKE does not dereference
+    // any other pointer.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// Copies `dst.len()` bytes from address `remote` in process `pid` into `dst`
+/// (cross-memory attach, one copy, no kernel buffer).
+pub fn read_peer_memory(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < dst.len() {
+        let local = libc::iovec {
+            iov_base: dst[done..].as_mut_ptr().cast(),
+            iov_len: dst.len() - done,
+        };
+        let remote_iov = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: dst.len() - done,
+        };
+        // SAFETY: the local iovec covers exactly the writable slice `dst[done..]`;
+        // the remote iovec is only interpreted in the other process's address
+        // space by the kernel, which validates it.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote_iov, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_readv read nothing",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// True when the peer has closed (or reset) the stream `fd`: used to notice a
+/// dead process while waiting on shared memory. Never consumes data.
+pub fn stream_closed(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && (p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL)) != 0
+}
+
+/// Waits until some of `fds` are ready for the requested events or `timeout`
+/// passes. Returns the pollfds with `revents` filled in.
+pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> Result<()> {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a valid mutable slice of pollfd for the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(Error::io("poll", err));
+        }
+    }
+    Ok(())
+}
+
+/// This process's id.
+pub fn pid() -> u32 {
+    std::process::id()
+}
+
+/// Gives the CPU to another runnable thread.
+pub fn yield_now() {
+    std::thread::yield_now();
+}

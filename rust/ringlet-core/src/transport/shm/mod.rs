@@ -1,0 +1,387 @@
+//! Shared-memory transport for the ranks of one host.
+//!
+//! One segment (an anonymous memfd, so it never appears in /dev/shm) holds a
+//! control block and a data slot per rank. Ranks move through *phases*: each
+//! phase a rank bumps its own counter (`signal`) and waits until every peer's
+//! counter has reached the same value (`wait_all`). A waiting rank spins
+//! briefly, yields, then parks on the peer's counter with a futex; while
+//! parked it checks, every few milliseconds, whether the peer's process is
+//! gone (its TCP stream closed) or gave up, and whether the deadline passed.
+//!
+//! Two ways to move data:
+//! * staged: a rank copies its data into its slot and peers read it from there.
+//!   Each slot has two halves used alternately by successive pieces, so a rank
+//!   may refill one half while peers still read the other. The half index
+//!   flips once per piece on every rank alike (also when an operation fails
+//!   its agreement check), which keeps it identical across ranks.
+//! * cross-memory attach (`process_vm_readv`): a rank publishes its buffer's
+//!   address and peers copy straight out of its memory, one copy in all.
+//!   Probed at set-up; unavailable when the kernel forbids it (Yama ptrace
+//!   scope, seccomp), and then everything is staged.
+
+mod segment;
+
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::reduce;
+use crate::sys;
+use crate::transport::tcp::{TcpMesh, Xfer};
+use crate::transport::{check_agreement, OpDesc, WaitPolicy, DESC_WORDS};
+use segment::Segment;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+const PROBE_MAGIC: u64 = 0x7072_6f62_6521_2121;
+const STATE_ABORTED: u32 = 1;
+
+/// The shared-memory group of one communicator (all its ranks on one host).
+pub struct ShmGroup {
+    rank: usize,
+    size: usize,
+    seg: Segment,
+    /// Streams to each peer, only used to notice that a peer's process died.
+    liveness: Vec<Option<RawFd>>,
+    pids: Vec<u32>,
+    cma: bool,
+    /// Value of our own counter (we are its only writer).
+    counter: u32,
+    /// Which half of the slots the current piece uses.
+    half: usize,
+    /// Sequence number of the current operation.
+    seq: u64,
+    policy: WaitPolicy,
+    /// Kept alive for the cross-memory-attach probe.
+    _probe: Box<u64>,
+}
+
+fn words_to_bytes(w: &[u64]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn bytes_to_words(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect()
+}
+
+impl ShmGroup {
+    /// Sets up the segment among all ranks of `mesh` (which must share a
+    /// host), using the TCP streams for the hand-shake. Returns `None` when any
+    /// rank cannot map the segment; every rank then gets `None` together.
+    pub fn establish(
+        rank: usize,
+        size: usize,
+        mesh: &TcpMesh,
+        slot_bytes: usize,
+        try_cma: bool,
+        policy: WaitPolicy,
+    ) -> Result<Option<ShmGroup>> {
+        let t = policy.timeout;
+        let op = "init (shared memory)";
+        let probe = Box::new(PROBE_MAGIC ^ rank as u64);
+        // Step 1: the leader creates the segment and tells everyone where it is.
+        let mut leader_fd = None;
+        let seg = if rank == 0 {
+            let (seg, fd) = Segment::create(size, slot_bytes)?;
+            let msg = words_to_bytes(&[
+                sys::pid() as u64,
+                fd.as_raw_fd() as u64,
+                seg.slot_bytes() as u64,
+            ]);
+            let mut x: Vec<Xfer> = (1..size).map(|p| Xfer::send(p, &msg)).collect();
+            mesh.transfer(&mut x, op, t)?;
+            leader_fd = Some(fd);
+            Some(seg)
+        } else {
+            let mut msg = [0u8; 24];
+            mesh.transfer(&mut [Xfer::recv(0, &mut msg)], op, t)?;
+            let w = bytes_to_words(&msg);
+            Segment::open(w[0] as u32, w[1] as i32, size, w[2] as usize).ok()
+        };
+        if let Some(seg) = &seg {
+            let c = seg.ctl(rank);
+            c.pid.store(sys::pid(), Ordering::SeqCst);
+            c.probe_addr
+                .store(&*probe as *const u64 as u64, Ordering::SeqCst);
+        }
+        // Step 2: everyone reports whether mapping worked; the leader decides.
+        let ok = agree_all(rank, size, mesh, seg.is_some(), op, t)?;
+        drop(leader_fd); // peers have opened it (or given up): the file can go
+        let seg = match (ok, seg) {
+            (true, Some(seg)) => seg,
+            _ => return Ok(None),
+        };
+        // Step 3: probe cross-memory attach against every peer.
+        let pids: Vec<u32> = (0..size)
+            .map(|r| seg.ctl(r).pid.load(Ordering::SeqCst))
+            .collect();
+        let mut cma_ok = try_cma;
+        if cma_ok {
+            for peer in (0..size).filter(|&p| p != rank) {
+                let addr = seg.ctl(peer).probe_addr.load(Ordering::SeqCst);
+                let mut got = [0u8; 8];
+                let read = sys::read_peer_memory(pids[peer], addr, &mut got);
+                cma_ok &= read.is_ok() && u64::from_le_bytes(got) == PROBE_MAGIC ^ peer as u64;
+            }
+        }
+        let cma = agree_all(rank, size, mesh, cma_ok, op, t)?;
+        let counter = seg.ctl(rank).counter.load(Ordering::SeqCst);
+        Ok(Some(ShmGroup {
+            rank,
+            size,
+            seg,
+            liveness: (0..size)
+                .map(|p| if p == rank { None } else { mesh.fd(p) })
+                .collect(),
+            pids,
+            cma,
+            counter,
+            half: 0,
+            seq: 0,
+            policy,
+            _probe: probe,
+        }))
+    }
+
+    /// This rank's index in the group.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// True when peers can read each other's memory directly.
+    pub fn cma(&self) -> bool {
+        self.cma
+    }
+
+    /// Bytes available to one piece in a rank's slot (half the slot).
+    pub fn half_bytes(&self) -> usize {
+        self.seg.slot_bytes() / 2
+    }
+
+    fn half_off(&self, off: usize) -> usize {
+        self.half * self.half_bytes() + off
+    }
+
+    /// Bumps our phase counter, waking peers parked on it.
+    pub fn signal(&mut self) {
+        let c = self.seg.ctl(self.rank);
+        self.counter = self.counter.wrapping_add(1);
+        c.counter.store(self.counter, Ordering::SeqCst);
+        if c.sleepers.load(Ordering::SeqCst) > 0 {
+            sys::futex_wake_all(&c.counter);
+        }
+    }
+
+    /// Waits until every peer has reached our current phase.
+    pub fn wait_all(&self, op: &'static str) -> Result<()> {
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            self.wait_peer(peer, op)?;
+        }
+        Ok(())
+    }
+
+    /// One full phase: signal, then wait for everyone.
+    pub fn sync(&mut self, op: &'static str) -> Result<()> {
+        self.signal();
+        self.wait_all(op)
+    }
+
+    /// Waits until `peer` has reached our current phase.
+    pub fn wait_peer(&self, peer: usize, op: &'static str) -> Result<()> {
+        let target = self.counter;
+        let c = self.seg.ctl(peer);
+        let reached = |v: u32| (v.wrapping_sub(target) as i32) >= 0;
+        for _ in 0..self.policy.spins {
+            if reached(c.counter.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+        for _ in 0..self.policy.yields {
+            if reached(c.counter.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            sys::yield_now();
+        }
+        let start = Instant::now();
+        loop {
+            c.sleepers.fetch_add(1, Ordering::SeqCst);
+            let seen = c.counter.load(Ordering::SeqCst);
+            if !reached(seen) {
+                sys::futex_wait(&c.counter, seen, self.policy.park_slice);
+            }
+            c.sleepers.fetch_sub(1, Ordering::SeqCst);
+            if reached(c.counter.load(Ordering::Acquire)) {
+                return Ok(());
+            }
+            if c.state.load(Ordering::Acquire) == STATE_ABORTED {
+                return Err(Error::PeerLost {
+                    rank: self.rank,
+                    peer,
+                    op,
+                    detail: "the peer gave up on the communicator after an error".into(),
+                });
+            }
+            if self.liveness[peer].is_some_and(sys::stream_closed) {
+                return Err(Error::PeerLost {
+                    rank: self.rank,
+                    peer,
+                    op,
+                    detail: "its process exited or was killed".into(),
+                });
+            }
+            let waited = start.elapsed();
+            if waited >= self.policy.timeout {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    peer,
+                    op,
+                    waited,
+                });
+            }
+        }
+    }
+
+    /// First phase of every operation: publish our descriptor, move to the
+    /// next slot half, signal, wait for everyone, and check that all ranks run
+    /// the same operation. Staged operations write their first piece (with
+    /// `put`) *before* calling this, into the half that `next_half` returns.
+    pub fn arrive(&mut self, desc: &OpDesc) -> Result<()> {
+        let c = self.seg.ctl(self.rank);
+        for (slot, w) in c.desc[(desc.seq % 2) as usize].iter().zip(desc.encode()) {
+            slot.store(w, Ordering::Relaxed);
+        }
+        self.signal();
+        self.wait_all(desc.kind.name())?;
+        self.seq = desc.seq;
+        let all: Vec<OpDesc> = (0..self.size)
+            .map(|r| self.peer_desc(r))
+            .collect::<Result<_>>()?;
+        check_agreement(self.rank, &all)
+    }
+
+    /// The descriptor `rank` published for the current operation.
+    pub fn peer_desc(&self, rank: usize) -> Result<OpDesc> {
+        let c = self.seg.ctl(rank);
+        let mut w = [0u64; DESC_WORDS];
+        for (x, slot) in w.iter_mut().zip(&c.desc[(self.seq % 2) as usize]) {
+            *x = slot.load(Ordering::Acquire);
+        }
+        OpDesc::decode(&w).ok_or_else(|| Error::Mismatch {
+            rank: self.rank,
+            detail: format!("rank {rank} published an unreadable operation descriptor"),
+        })
+    }
+
+    /// Moves to the other slot half; call before writing each new piece.
+    pub fn next_half(&mut self) {
+        self.half ^= 1;
+    }
+
+    /// Copies `src` into our slot (current half) at `off`.
+    pub fn put(&self, off: usize, src: &[u8]) {
+        self.seg.write(self.rank, self.half_off(off), src);
+    }
+
+    /// Copies from `peer`'s slot (current half) at `off` into `dst`.
+    pub fn get(&self, peer: usize, off: usize, dst: &mut [u8]) {
+        self.seg.read(peer, self.half_off(off), dst);
+    }
+
+    /// `dst = slot_0 ⊕ slot_1 ⊕ ... ⊕ slot_{p-1}` over the range at `off`, in
+    /// rank order (so every rank computing it gets identical bits).
+    pub fn reduce_all_slots(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        off: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let ranks: Vec<usize> = (0..self.size).collect();
+        self.seg
+            .with_slots(&ranks, self.half_off(off), dst.len(), |srcs| {
+                reduce::reduce_into(dtype, op, dst, srcs)
+            })
+    }
+
+    /// Our slot range at `off` ⊕= every peer's same range (in place).
+    pub fn reduce_into_own_slot(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let peers: Vec<usize> = (0..self.size).filter(|&p| p != self.rank).collect();
+        self.seg
+            .with_own_and_slots(self.rank, &peers, self.half_off(off), len, |own, srcs| {
+                reduce::reduce_inplace(dtype, op, own, srcs)
+            })
+    }
+
+    /// Copies `dst.len()` bytes at address `addr` in `peer`'s process into
+    /// `dst` (cross-memory attach).
+    pub fn read_peer(
+        &self,
+        peer: usize,
+        addr: u64,
+        dst: &mut [u8],
+        op: &'static str,
+    ) -> Result<()> {
+        sys::read_peer_memory(self.pids[peer], addr, dst).map_err(|e| Error::PeerLost {
+            rank: self.rank,
+            peer,
+            op,
+            detail: format!("cross-memory read failed: {e}"),
+        })
+    }
+
+    /// Marks this rank as having given up, so peers waiting on it fail fast.
+    pub fn abort(&self) {
+        self.seg
+            .ctl(self.rank)
+            .state
+            .store(STATE_ABORTED, Ordering::SeqCst);
+        sys::futex_wake_all(&self.seg.ctl(self.rank).counter);
+    }
+}
+
+/// Every rank contributes a flag; all learn whether all flags were true.
+fn agree_all(
+    rank: usize,
+    size: usize,
+    mesh: &TcpMesh,
+    mine: bool,
+    op: &'static str,
+    t: std::time::Duration,
+) -> Result<bool> {
+    if rank == 0 {
+        let mut votes = vec![[0u8; 1]; size];
+        {
+            let mut x: Vec<Xfer> = votes
+                .iter_mut()
+                .enumerate()
+                .skip(1)
+                .map(|(p, v)| Xfer::recv(p, v))
+                .collect();
+            mesh.transfer(&mut x, op, t)?;
+        }
+        let all = mine && votes.iter().skip(1).all(|v| v[0] == 1);
+        let out = [all as u8];
+        let mut x: Vec<Xfer> = (1..size).map(|p| Xfer::send(p, &out)).collect();
+        mesh.transfer(&mut x, op, t)?;
+        Ok(all)
+    } else {
+        let vote = [mine as u8];
+        mesh.transfer(&mut [Xfer::send(0, &vote)], op, t)?;
+        let mut out = [0u8; 1];
+        mesh.transfer(&mut [Xfer::recv(0, &mut out)], op, t)?;
+        Ok(out[0] == 1)
+    }
+}

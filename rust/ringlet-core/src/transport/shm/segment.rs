@@ -1,0 +1,218 @@
+//! Layout of the shared segment and the only pointer arithmetic into it.
+//!
+//! ```text
+//! [0, 4096)                 header: magic, rank count, slot size
+//! [4096, 4096 + p*256)      one control block per rank (counter, sleepers, pid,
+//!                           state, probe address, operation descriptor)
+//! [slots, slots + p*slot)   one data slot per rank, split in two halves that
+//!                           alternate between pipeline pieces
+//! ```
+//! Every control word is an atomic. Slots are plain bytes whose ownership is
+//! handed between processes by the phase protocol in `shm/mod.rs`: a rank
+//! writes only its own slot, and only in a half that no peer can be reading.
+
+use crate::error::{Error, Result};
+use crate::sys::{self, Mapping};
+use crate::transport::DESC_WORDS;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+const MAGIC: u64 = 0x5249_4e47_5348_4d31; // "RINGSHM1"
+const PAGE: usize = 4096;
+const CTL_BYTES: usize = 256;
+
+/// Per-rank control block; exactly `CTL_BYTES` long, cache-line aligned.
+#[repr(C, align(64))]
+pub struct RankCtl {
+    /// Phase counter: bumped once per phase, waited on by peers (futex word).
+    pub counter: AtomicU32,
+    /// Number of peers parked on `counter` (the signaller skips the wake
+    /// syscall when nobody sleeps).
+    pub sleepers: AtomicU32,
+    /// Process id, for cross-memory attach.
+    pub pid: AtomicU32,
+    /// 0 while healthy; 1 once this rank gave up on the communicator.
+    pub state: AtomicU32,
+    /// Address of a known word in this process (cross-memory-attach probe).
+    pub probe_addr: AtomicU64,
+    _pad0: [u64; 5],
+    /// The operation descriptors this rank published, indexed by sequence
+    /// parity: a rank can run at most one operation ahead of its slowest peer,
+    /// so two buffers keep the one a peer may still be reading intact.
+    pub desc: [[AtomicU64; 8]; 2],
+    _pad1: [u64; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<RankCtl>() == CTL_BYTES);
+const _: () = assert!(DESC_WORDS <= 8);
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    nranks: AtomicU64,
+    slot_bytes: AtomicU64,
+}
+
+/// A mapped segment shared by the ranks of one host group.
+pub struct Segment {
+    map: Mapping,
+    nranks: usize,
+    slot_bytes: usize,
+    slots_off: usize,
+}
+
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+fn layout(nranks: usize, slot_bytes: usize) -> (usize, usize) {
+    let slots_off = PAGE + round_up(nranks * CTL_BYTES, PAGE);
+    (slots_off, slots_off + nranks * slot_bytes)
+}
+
+impl Segment {
+    /// Creates the segment (leader side). Returns it with the memfd that peers
+    /// open through /proc.
+    pub fn create(nranks: usize, slot_bytes: usize) -> Result<(Segment, OwnedFd)> {
+        let slot_bytes = round_up(slot_bytes.max(2 * PAGE), 2 * PAGE);
+        let (slots_off, total) = layout(nranks, slot_bytes);
+        let fd = sys::memfd(total)?;
+        let map = Mapping::new(&fd, total)?;
+        let seg = Segment {
+            map,
+            nranks,
+            slot_bytes,
+            slots_off,
+        };
+        let h = seg.header();
+        h.nranks
+            .store(nranks as u64, std::sync::atomic::Ordering::SeqCst);
+        h.slot_bytes
+            .store(slot_bytes as u64, std::sync::atomic::Ordering::SeqCst);
+        h.magic.store(MAGIC, std::sync::atomic::Ordering::SeqCst);
+        Ok((seg, fd))
+    }
+
+    /// Maps the leader's segment (peer side) and checks its header.
+    pub fn open(pid: u32, fd: i32, nranks: usize, slot_bytes: usize) -> Result<Segment> {
+        let (slots_off, total) = layout(nranks, slot_bytes);
+        let file = sys::open_peer_fd(pid, fd)?;
+        let map = Mapping::new(&file, total)?;
+        let seg = Segment {
+            map,
+            nranks,
+            slot_bytes,
+            slots_off,
+        };
+        let h = seg.header();
+        let ord = std::sync::atomic::Ordering::SeqCst;
+        if h.magic.load(ord) != MAGIC
+            || h.nranks.load(ord) != nranks as u64
+            || h.slot_bytes.load(ord) != slot_bytes as u64
+        {
+            return Err(Error::InvalidArgument(
+                "shared-memory segment header does not match".into(),
+            ));
+        }
+        Ok(seg)
+    }
+
+    /// Size of each rank's slot in bytes.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is page aligned and at least one page long; the
+        // header is three atomics, valid for any bit pattern (zeroed memfd).
+        unsafe { &*(self.map.as_ptr() as *const Header) }
+    }
+
+    /// Control block of `rank`.
+    pub fn ctl(&self, rank: usize) -> &RankCtl {
+        assert!(rank < self.nranks, "control block index out of range");
+        // SAFETY: rank < nranks, so the block lies inside the mapping; the
+        // address is 64-byte aligned (page + rank*256); RankCtl is made of
+        // atomics and padding, valid for any bit pattern, and shared access
+        // through atomics is sound across threads and processes.
+        unsafe { &*(self.map.as_ptr().add(PAGE + rank * CTL_BYTES) as *const RankCtl) }
+    }
+
+    fn slot_range_ptr(&self, rank: usize, off: usize, len: usize) -> *mut u8 {
+        assert!(
+            rank < self.nranks
+                && off
+                    .checked_add(len)
+                    .is_some_and(|end| end <= self.slot_bytes),
+            "slot access out of range"
+        );
+        // SAFETY: bounds checked just above: the range lies inside rank's slot,
+        // which lies inside the mapping.
+        unsafe {
+            self.map
+                .as_ptr()
+                .add(self.slots_off + rank * self.slot_bytes + off)
+        }
+    }
+
+    /// Copies `src` into `rank`'s slot at `off`.
+    ///
+    /// Protocol requirement (upheld by `ShmGroup`): only the slot's owner
+    /// writes it, and no peer reads that range until the owner's next signal.
+    pub fn write(&self, rank: usize, off: usize, src: &[u8]) {
+        let dst = self.slot_range_ptr(rank, off, src.len());
+        // SAFETY: `dst..dst+len` is inside the mapping (checked) and cannot
+        // overlap `src`, a Rust slice outside the slot region's owner protocol
+        // (callers never pass slot memory as `src`).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    }
+
+    /// Copies from `rank`'s slot at `off` into `dst`.
+    pub fn read(&self, rank: usize, off: usize, dst: &mut [u8]) {
+        let src = self.slot_range_ptr(rank, off, dst.len());
+        // SAFETY: in bounds (checked); `dst` is a private Rust buffer; the
+        // protocol guarantees the owner does not write this range meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+    }
+
+    /// Runs `f` with read-only views of the same range in the given ranks'
+    /// slots (in the given order).
+    pub fn with_slots<R>(
+        &self,
+        ranks: &[usize],
+        off: usize,
+        len: usize,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> R {
+        let views: Vec<&[u8]> = ranks
+            .iter()
+            .map(|&r| {
+                let p = self.slot_range_ptr(r, off, len);
+                // SAFETY: in bounds (checked); while `f` runs, the protocol
+                // guarantees nobody writes these ranges (their owners have
+                // signalled and wait for our next signal before reuse).
+                unsafe { std::slice::from_raw_parts(p as *const u8, len) }
+            })
+            .collect();
+        f(&views)
+    }
+
+    /// Runs `f` with a mutable view of `rank`'s own slot range and read-only
+    /// views of the same range in `others`' slots.
+    pub fn with_own_and_slots<R>(
+        &self,
+        rank: usize,
+        others: &[usize],
+        off: usize,
+        len: usize,
+        f: impl FnOnce(&mut [u8], &[&[u8]]) -> R,
+    ) -> R {
+        assert!(!others.contains(&rank), "own slot listed as a source");
+        let own = self.slot_range_ptr(rank, off, len);
+        // SAFETY: in bounds (checked); distinct ranks' slots never overlap, so
+        // the mutable view aliases none of the shared views; only `rank` writes
+        // its slot and no peer reads this range until our next signal.
+        let own = unsafe { std::slice::from_raw_parts_mut(own, len) };
+        self.with_slots(others, off, len, |views| f(own, views))
+    }
+}
