@@ -88,16 +88,6 @@ impl Mapping {
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the mapping is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 impl Drop for Mapping {

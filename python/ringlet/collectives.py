@@ -1,0 +1,911 @@
+"""XLA-style collectives on eager CPU tensors, following ``torch_xla``'s
+``xla_model`` names, signatures, defaults and return conventions, so code
+written for it ports by changing the import.
+
+Data never passes through Python: the engine reads and writes the tensors'
+memory directly, with the GIL released while it communicates.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from typing import Any, Callable, Optional, TextIO, Union
+
+import numpy as np
+import torch
+
+from . import runtime
+from .runtime import get_local_ordinal, get_ordinal, world_size
+
+__all__ = [
+    "REDUCE_AND",
+    "REDUCE_MAX",
+    "REDUCE_MIN",
+    "REDUCE_MUL",
+    "REDUCE_OR",
+    "REDUCE_SUM",
+    "CoalescingBuckets",
+    "RateTracker",
+    "all_gather",
+    "all_gather_bucketized",
+    "all_reduce",
+    "all_reduce_bucketized_gradients",
+    "barrier",
+    "broadcast_master_param",
+    "collective_broadcast",
+    "is_master_ordinal",
+    "master_print",
+    "mesh_reduce",
+    "optimizer_step",
+    "reduce_gradients",
+    "reduce_scatter",
+    "reduce_scatter_bucketized",
+    "rendezvous",
+    "save",
+    "wait_device_ops",
+]
+
+REDUCE_SUM = "sum"
+REDUCE_MUL = "mul"
+REDUCE_AND = "and"
+REDUCE_OR = "or"
+REDUCE_MIN = "min"
+REDUCE_MAX = "max"
+
+_REDUCE_TYPES = (REDUCE_SUM, REDUCE_MUL, REDUCE_AND, REDUCE_OR, REDUCE_MIN, REDUCE_MAX)
+
+_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.bool: "bool",
+}
+
+# Tensors at most this large are flattened together into one collective call.
+_COALESCE_BYTES = 4 << 20
+
+TensorLike = Union[torch.Tensor, np.ndarray]
+
+
+def _rank() -> int:
+    return get_ordinal()
+
+
+def _as_tensor(x: Any, what: str) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    raise TypeError(
+        f"rank {_rank()}: {what} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
+    )
+
+
+def _check(t: torch.Tensor, what: str) -> str:
+    """Validates a tensor the engine will touch; returns its dtype name."""
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"rank {_rank()}: {what} is on device '{t.device}'; ringlet collectives take CPU "
+            "tensors (move it with .cpu())"
+        )
+    if t.layout != torch.strided:
+        raise ValueError(f"rank {_rank()}: {what} has layout {t.layout}; only dense tensors work")
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPE_NAMES)
+        raise TypeError(
+            f"rank {_rank()}: {what} has unsupported dtype {t.dtype} (supported: {supported})"
+        )
+    if not t.is_contiguous():
+        raise ValueError(
+            f"rank {_rank()}: {what} is not contiguous; call .contiguous() on it first"
+        )
+    return name
+
+
+def _check_reduce_type(reduce_type: Any) -> str:
+    if reduce_type not in _REDUCE_TYPES:
+        raise ValueError(
+            f"rank {_rank()}: unknown reduce type {reduce_type!r}; expected one of "
+            + ", ".join(f"REDUCE_{r.upper()}" for r in _REDUCE_TYPES)
+        )
+    return str(reduce_type)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _apply_scale(t: torch.Tensor, scale: float) -> None:
+    if scale == 1.0:
+        return
+    if t.dtype == torch.bool:
+        raise ValueError(f"rank {_rank()}: cannot scale a bool tensor by {scale}")
+    if t.is_floating_point():
+        t.mul_(scale)
+    else:
+        t.copy_(t.double().mul_(scale).to(t.dtype))
+
+
+def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, scale: float) -> None:
+    """All-reduces contiguous CPU tensors in place; small tensors of one dtype
+    are flattened into a single collective call."""
+    names = [_check(t, f"inputs[{i}]") for i, t in enumerate(tensors)]
+    small: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t, name in zip(tensors, names):
+        if _nbytes(t) > _COALESCE_BYTES:
+            comm.all_reduce(t.data_ptr(), _nbytes(t), name, reduce_type)
+            _apply_scale(t, scale)
+        else:
+            small.setdefault(t.dtype, []).append(t)
+    for dtype, group in small.items():
+        name = _DTYPE_NAMES[dtype]
+        if len(group) == 1:
+            flat = group[0]
+        else:
+            flat = torch.cat([g.reshape(-1) for g in group])
+        comm.all_reduce(flat.data_ptr(), _nbytes(flat), name, reduce_type)
+        _apply_scale(flat, scale)
+        if len(group) > 1:
+            offset = 0
+            for g in group:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+
+
+def all_reduce(
+    reduce_type: str,
+    inputs: Union[TensorLike, list[TensorLike]],
+    scale: float = 1.0,
+    groups: Optional[list[list[int]]] = None,
+    pin_layout: bool = True,
+) -> Union[TensorLike, list[TensorLike]]:
+    """Reduces tensors element-wise across replicas.
+
+    Args:
+      reduce_type (str): One of ``REDUCE_SUM``, ``REDUCE_MUL``, ``REDUCE_AND``,
+        ``REDUCE_OR``, ``REDUCE_MIN`` and ``REDUCE_MAX`` (``AND``/``OR`` need bool
+        or integer tensors: logical for bool, bitwise for integers).
+      inputs: A single tensor (or numpy array), or a list of them.
+      scale (float): Multiplies the reduced result. Default: 1.0
+      groups (list, optional): Replica groups, e.g. ``[[0, 1], [2, 3]]``; the
+        reduction runs independently inside each group. ``None``: one group
+        with every replica.
+      pin_layout (bool, optional): Accepted for compatibility; no effect.
+
+    Returns:
+      For a single tensor, a new tensor holding the reduced value. For a list,
+      the tensors are reduced in place and the list itself is returned. With
+      one replica, a single tensor is returned cloned (unscaled) and a list
+      untouched, as in torch_xla.
+
+    Example:
+      >>> t = torch.ones(4) * (ringlet.get_ordinal() + 1)
+      >>> ringlet.all_reduce(ringlet.REDUCE_SUM, t)   # on 2 ranks
+      tensor([3., 3., 3., 3.])
+    """
+    if world_size() == 1 and not os.environ.get("XLA_ALWAYS_ALLREDUCE"):
+        if isinstance(inputs, (torch.Tensor, np.ndarray)):
+            return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs.copy()
+        return inputs
+    reduce_type = _check_reduce_type(reduce_type)
+    comm = runtime._group(groups)
+    if isinstance(inputs, (torch.Tensor, np.ndarray)):
+        src = _as_tensor(inputs, "input")
+        _check(src, "input")
+        out = src.detach().clone()
+        _reduce_inplace(comm, [out], reduce_type, scale)
+        return out.numpy() if isinstance(inputs, np.ndarray) else out
+    if isinstance(inputs, (list, tuple)):
+        tensors = [_as_tensor(t, f"inputs[{i}]") for i, t in enumerate(inputs)]
+        _reduce_inplace(comm, [t.detach() for t in tensors], reduce_type, scale)
+        return inputs
+    raise TypeError(
+        f"rank {_rank()}: inputs must be a tensor or a list of tensors, got {type(inputs).__name__}"
+    )
+
+
+def _norm_dim(dim: int, ndim: int, what: str) -> int:
+    if ndim == 0:
+        raise ValueError(f"rank {_rank()}: {what} needs a tensor with at least one dimension")
+    if not -ndim <= dim < ndim:
+        raise ValueError(
+            f"rank {_rank()}: dimension {dim} is out of range for a {ndim}-d tensor in {what}"
+        )
+    return dim % ndim
+
+
+def _gather_one(
+    comm: Any, value: torch.Tensor, dim: int, output: Optional[torch.Tensor]
+) -> torch.Tensor:
+    name = _check(value, "value")
+    n = comm.size
+    dim = _norm_dim(dim, value.dim(), "all_gather")
+    shape = list(value.shape)
+    shape[dim] *= n
+    if output is not None:
+        output = _as_tensor(output, "output")
+        _check(output, "output")
+        if list(output.shape) != shape or output.dtype != value.dtype:
+            raise ValueError(
+                f"rank {_rank()}: all_gather output has shape {tuple(output.shape)} and dtype "
+                f"{output.dtype}; expected {tuple(shape)} and {value.dtype}"
+            )
+    if dim == 0:
+        target = output if output is not None else torch.empty(shape, dtype=value.dtype)
+        comm.all_gather(value.data_ptr(), _nbytes(value), target.data_ptr(), _nbytes(target), name)
+        return target
+    stacked = torch.empty([n, *value.shape], dtype=value.dtype)
+    comm.all_gather(value.data_ptr(), _nbytes(value), stacked.data_ptr(), _nbytes(stacked), name)
+    result = stacked.movedim(0, dim).reshape(shape)
+    if output is not None:
+        output.copy_(result)
+        return output
+    return result
+
+
+def all_gather(
+    value: Union[torch.Tensor, list[torch.Tensor]],
+    dim: int = 0,
+    groups: Optional[list[list[int]]] = None,
+    output: Optional[Union[torch.Tensor, list[torch.Tensor]]] = None,
+    pin_layout: bool = True,
+) -> Union[torch.Tensor, list[torch.Tensor]]:
+    """Concatenates every replica's tensor along a dimension.
+
+    Args:
+      value (torch.Tensor or list): The input tensor, or a list of tensors
+        (gathered one by one; needs ``pin_layout=False`` as in torch_xla).
+      dim (int): The gather dimension (negative counts from the end). Default: 0
+      groups (list, optional): Replica groups; they must all have the same size.
+      output (torch.Tensor or list, optional): Where to write the result.
+      pin_layout (bool, optional): No effect on a single tensor; a list input
+        requires ``False``.
+
+    Returns:
+      A tensor whose ``dim`` holds every replica's values in replica order
+      (``output`` itself when given), or a list of such tensors.
+
+    Example:
+      >>> t = torch.tensor([ringlet.get_ordinal()])
+      >>> ringlet.all_gather(t)     # on 2 ranks
+      tensor([0, 1])
+    """
+    _check_equal_groups(groups)
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        value = _as_tensor(value, "value")
+        comm = runtime._group(groups)
+        if not isinstance(output, (torch.Tensor, np.ndarray, type(None))):
+            raise TypeError(f"rank {_rank()}: output must be a tensor, got {type(output).__name__}")
+        return _gather_one(comm, value, dim, output)
+    if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
+        if pin_layout:
+            raise RuntimeError(
+                "For xm.all_gather with list of tensors input, pin_layout=True is not yet supported."
+            )
+        outputs = _check_output_list(output, value)
+        comm = runtime._group(groups)
+        return [
+            _gather_one(comm, v, dim, outputs[i] if outputs is not None else None)
+            for i, v in enumerate(value)
+        ]
+    raise TypeError(
+        f"`value` needs to be a Tensor or a list of Tensors, but given {type(value)}."
+    )
+
+
+def _check_output_list(output: Any, inputs: list[Any]) -> Optional[list[torch.Tensor]]:
+    if output is None:
+        return None
+    if not isinstance(output, list) or any(not isinstance(v, torch.Tensor) for v in output):
+        raise TypeError(f"`output` needs to be a list of Tensors, but given {type(output)}.")
+    if len(output) != len(inputs):
+        raise ValueError(
+            f"`output` length doesn't match `input` length: {len(output)} vs {len(inputs)}."
+        )
+    return output
+
+
+def _check_equal_groups(groups: Optional[list[list[int]]]) -> None:
+    if groups and isinstance(groups, (list, tuple)):
+        sizes = {len(g) for g in groups if isinstance(g, (list, tuple))}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"rank {_rank()}: replica groups must have the same number of replicas/shards, "
+                f"got sizes {sorted(sizes)}"
+            )
+
+
+def _scatter_one(
+    comm: Any,
+    reduce_type: str,
+    value: torch.Tensor,
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    output: Optional[torch.Tensor],
+) -> torch.Tensor:
+    name = _check(value, "input")
+    n = comm.size
+    if shard_count != n:
+        raise ValueError(
+            f"rank {_rank()}: reduce_scatter shard_count={shard_count} must equal the number of "
+            f"replicas in the group ({n})"
+        )
+    dim = _norm_dim(scatter_dim, value.dim(), "reduce_scatter")
+    if value.shape[dim] % shard_count != 0:
+        raise ValueError(
+            f"rank {_rank()}: reduce_scatter dimension {dim} of size {value.shape[dim]} is not "
+            f"divisible by shard_count={shard_count}"
+        )
+    shape = list(value.shape)
+    shape[dim] //= shard_count
+    if output is not None:
+        output = _as_tensor(output, "output")
+        _check(output, "output")
+        if list(output.shape) != shape or output.dtype != value.dtype:
+            raise ValueError(
+                f"rank {_rank()}: reduce_scatter output has shape {tuple(output.shape)} and dtype "
+                f"{output.dtype}; expected {tuple(shape)} and {value.dtype}"
+            )
+    front = value if dim == 0 else value.movedim(dim, 0).contiguous()
+    block = torch.empty([front.shape[0] // n, *front.shape[1:]], dtype=value.dtype)
+    comm.reduce_scatter(
+        front.data_ptr(), _nbytes(front), block.data_ptr(), _nbytes(block), name, reduce_type
+    )
+    _apply_scale(block, scale)
+    result = block if dim == 0 else block.movedim(0, dim)
+    if output is not None:
+        output.copy_(result)
+        return output
+    return result.contiguous()
+
+
+def reduce_scatter(
+    reduce_type: str,
+    input: Union[torch.Tensor, list[torch.Tensor]],
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: Optional[list[list[int]]] = None,
+    output: Optional[Union[torch.Tensor, list[torch.Tensor]]] = None,
+    pin_layout: bool = True,
+) -> Union[torch.Tensor, list[torch.Tensor]]:
+    """Reduces across replicas, then gives each replica one shard of the result.
+
+    Args:
+      reduce_type (str): One of the ``REDUCE_*`` constants.
+      input (torch.Tensor or list): The input tensor, or a list of them.
+      scale (float): Multiplies the reduced result.
+      scatter_dim (int): The dimension split into ``shard_count`` shards.
+      shard_count (int): Number of shards; must equal the group size.
+      groups (list, optional): Replica groups of equal size.
+      output (torch.Tensor or list, optional): Where to write the shard(s).
+      pin_layout (bool, optional): Accepted for compatibility; no effect.
+
+    Returns:
+      This replica's shard (shard ``i`` for the ``i``-th replica of its group)
+      of the scaled reduction, with every other dimension unchanged; ``output``
+      when given; a list for a list input.
+
+    Example:
+      >>> x = torch.arange(4.)            # same on 2 ranks
+      >>> ringlet.reduce_scatter(ringlet.REDUCE_SUM, x, 1.0, 0, 2)
+      tensor([0., 2.])                    # rank 0; rank 1 gets tensor([4., 6.])
+    """
+    reduce_type = _check_reduce_type(reduce_type)
+    _check_equal_groups(groups)
+    if isinstance(input, (torch.Tensor, np.ndarray)):
+        value = _as_tensor(input, "input")
+        comm = runtime._group(groups) if runtime.is_initialized() else None
+        if comm is None:
+            comm = runtime._world()
+        return _scatter_one(comm, reduce_type, value, scale, scatter_dim, shard_count, output)
+    if isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input):
+        outputs = _check_output_list(output, input)
+        comm = runtime._group(groups)
+        return [
+            _scatter_one(
+                comm,
+                reduce_type,
+                v,
+                scale,
+                scatter_dim,
+                shard_count,
+                outputs[i] if outputs is not None else None,
+            )
+            for i, v in enumerate(input)
+        ]
+    raise TypeError(
+        f"`input` needs to be a Tensor or a list of Tensors, but given {type(input)}."
+    )
+
+
+def collective_broadcast(
+    tensors: list[torch.Tensor],
+    root_ordinal: int = 0,
+    groups: Optional[list[list[int]]] = None,
+    pin_layout: bool = True,
+) -> None:
+    """Overwrites ``tensors`` on every replica with the root replica's values.
+
+    Args:
+      tensors (list): Tensors to broadcast, in place.
+      root_ordinal (int): Global ordinal of the replica whose values win.
+        With ``groups``, the root must belong to this replica's group.
+      groups (list, optional): Replica groups.
+      pin_layout (bool, optional): Accepted for compatibility; no effect.
+
+    Example:
+      >>> t = torch.full((2,), float(ringlet.get_ordinal()))
+      >>> ringlet.collective_broadcast([t], root_ordinal=1)
+      >>> t
+      tensor([1., 1.])
+    """
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"rank {_rank()}: tensors must be a list of tensors")
+    if world_size() == 1:
+        if root_ordinal != 0:
+            raise ValueError(f"rank 0: root_ordinal {root_ordinal} is out of range for 1 replica")
+        return
+    if not isinstance(root_ordinal, int) or not 0 <= root_ordinal < world_size():
+        raise ValueError(
+            f"rank {_rank()}: root_ordinal {root_ordinal} is out of range for world size "
+            f"{world_size()}"
+        )
+    comm = runtime._group(groups)
+    root = root_ordinal
+    if groups:
+        mine = next(g for g in groups if _rank() in g)
+        if root_ordinal not in mine:
+            raise ValueError(
+                f"rank {_rank()}: root_ordinal {root_ordinal} is not in this replica's group "
+                f"{list(mine)}"
+            )
+        root = list(mine).index(root_ordinal)
+    for i, t in enumerate(tensors):
+        t = _as_tensor(t, f"tensors[{i}]").detach()
+        name = _check(t, f"tensors[{i}]")
+        comm.broadcast(t.data_ptr(), _nbytes(t), name, root)
+
+
+def barrier() -> None:
+    """Blocks until every replica has called it.
+
+    Example:
+      >>> ringlet.barrier()
+    """
+    runtime._world().barrier()
+
+
+def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list[bytes]:  # noqa: B006
+    """Waits for every replica to reach the named rendezvous and exchanges payloads.
+
+    Args:
+      tag (str): Name of the rendezvous (used in messages only).
+      payload (bytes, optional): This replica's payload; lengths may differ.
+      replicas (list, optional): Ordinals taking part; empty means all. A
+        subset exchanges among itself only (the others must not call it).
+
+    Returns:
+      The payloads of the participating replicas, in ordinal order.
+
+    Example:
+      >>> ringlet.rendezvous("init", b"hi")     # on 2 ranks
+      [b'hi', b'hi']
+    """
+    if not isinstance(payload, (bytes, bytearray)):
+        raise TypeError(f"`payload` must be bytes, not {type(payload)}")
+    if world_size() == 1:
+        return [bytes(payload)]
+    comm = runtime._world()
+    if replicas and sorted(replicas) != list(range(world_size())):
+        members = sorted(set(replicas))
+        if _rank() not in members:
+            raise ValueError(
+                f"rank {_rank()}: rendezvous '{tag}' names replicas {members} without this one"
+            )
+        others = [r for r in range(world_size()) if r not in members]
+        groups = [members] + [[r] for r in others]
+        comm = runtime._group(groups)
+    n = comm.size
+    size = torch.tensor([len(payload)], dtype=torch.int64)
+    sizes = torch.empty(n, dtype=torch.int64)
+    comm.all_gather(size.data_ptr(), 8, sizes.data_ptr(), 8 * n, "int64")
+    longest = int(sizes.max())
+    if longest == 0:
+        return [b"" for _ in range(n)]
+    data = torch.zeros(longest, dtype=torch.uint8)
+    if payload:
+        data[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    everything = torch.empty(n * longest, dtype=torch.uint8)
+    comm.all_gather(data.data_ptr(), longest, everything.data_ptr(), n * longest, "uint8")
+    raw = everything.numpy().tobytes()
+    return [raw[i * longest : i * longest + int(sizes[i])] for i in range(n)]
+
+
+def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> Any:
+    """Reduces an arbitrary picklable value across replicas.
+
+    Args:
+      tag (str): Name of the rendezvous.
+      data: The value (tensors, numbers, containers) to reduce.
+      reduce_fn (callable): Receives the list of every replica's ``data`` (in
+        ordinal order) and returns the result.
+
+    Returns:
+      ``reduce_fn`` applied to every replica's value.
+
+    Example:
+      >>> ringlet.mesh_reduce("acc", 0.5 + ringlet.get_ordinal(), np.mean)   # 2 ranks
+      1.0
+    """
+    buf = io.BytesIO()
+    torch.save(data, buf)
+    payloads = rendezvous(tag, buf.getvalue())
+    # Peers of one job are trusted: their values may be arbitrary objects.
+    values = [torch.load(io.BytesIO(p), weights_only=False) for p in payloads]
+    return reduce_fn(values) if values else data
+
+
+def is_master_ordinal(local: bool = True) -> bool:
+    """Returns whether this process is the master (ordinal 0).
+
+    Args:
+      local (bool): Check the ordinal within this host (True) or the global one.
+    """
+    ordinal = get_local_ordinal() if local else get_ordinal()
+    return ordinal == 0
+
+
+def master_print(
+    *args: Any, fd: TextIO = sys.stdout, local: bool = False, flush: bool = False
+) -> None:
+    """Prints ``args`` on the master ordinal only (global master by default)."""
+    if is_master_ordinal(local=local):
+        print(*args, file=fd, flush=flush)
+
+
+def wait_device_ops(devices: list[str] = []) -> None:  # noqa: B006
+    """Waits for pending device work. CPU collectives are synchronous, so this
+    returns at once; it exists so torch_xla code ports unchanged."""
+    del devices
+
+
+def save(
+    data: Any,
+    file_or_path: Union[str, os.PathLike, Any],
+    master_only: bool = True,
+    global_master: bool = False,
+) -> None:
+    """Saves ``data`` with ``torch.save`` from the master ordinal(s).
+
+    Args:
+      data: Any nested structure of tensors and Python objects.
+      file_or_path: A path or a writable file object.
+      master_only (bool): Only the master writes (else every process writes,
+        so each needs its own destination). Default: True
+      global_master (bool): With ``master_only``, only global ordinal 0 writes
+        (instead of each host's local master). Default: False
+
+    Example:
+      >>> ringlet.save(model.state_dict(), "model.pt")
+      >>> ringlet.rendezvous("saved")   # others wait before reading it
+    """
+    if not master_only or is_master_ordinal(local=not global_master):
+        torch.save(data, file_or_path)
+
+
+class RateTracker:
+    """Tracks a smoothed rate of events per second (e.g. samples/s).
+
+    Args:
+      smooth_factor (float, optional): Weight of the previous rate when
+        smoothing. Default: ``$RATE_TRACKER_SMOOTHING`` or 0.4.
+    """
+
+    def __init__(self, smooth_factor: Optional[float] = None) -> None:
+        env = float(os.environ.get("RATE_TRACKER_SMOOTHING", "0.4"))
+        self._smooth_factor = env if smooth_factor is None else smooth_factor
+        self._start_time = time.time()
+        self._partial_time = self._start_time
+        self._partial_count = 0.0
+        self._partial_rate: Optional[float] = None
+        self._count = 0.0
+
+    def add(self, count: float) -> None:
+        """Records ``count`` more events."""
+        self._count += count
+
+    def rate(self) -> float:
+        """Returns the smoothed rate since the previous call."""
+        now = time.time()
+        delta = now - self._partial_time
+        report = 0.0
+        if delta > 0:
+            current = self._count / delta
+            if self._partial_rate is None:
+                report = current
+            else:
+                report = (1 - self._smooth_factor) * current + (
+                    self._smooth_factor * self._partial_rate
+                )
+            self._partial_count += self._count
+            self._count = 0.0
+            self._partial_time = now
+            self._partial_rate = report
+        return report
+
+    def global_rate(self) -> float:
+        """Returns the average rate since the tracker was created."""
+        delta = time.time() - self._start_time
+        count = self._partial_count + self._count
+        return count / delta if delta > 0 else 0.0
+
+
+class CoalescingBuckets:
+    """Groups a list of tensors into buckets of about ``bucket_cap_mb`` and runs
+    ``func`` once per bucket (on the lone tensor for one-tensor buckets).
+
+    A tensor larger than the cap joins the current bucket (then flushes it)
+    when that bucket is under half the cap and the sum stays within twice the
+    cap; otherwise a bucket is flushed before it would spill over the cap.
+
+    Args:
+      func (callable): ``func(inputs, outputs)`` for a bucket.
+      input_list (list): Tensors to process.
+      output_list (list, optional): Matching output tensors.
+      bucket_cap_mb (int): Bucket size target in MiB. Default: 160
+
+    Example:
+      >>> CoalescingBuckets(lambda x, o: x, [torch.ones(2)] * 3, bucket_cap_mb=0)()
+      [tensor([1., 1.]), tensor([1., 1.]), tensor([1., 1.])]
+    """
+
+    def __init__(
+        self,
+        func: Callable[[Any, Any], Any],
+        input_list: Any,
+        output_list: Optional[Any] = None,
+        bucket_cap_mb: int = 160,
+    ) -> None:
+        if not isinstance(input_list, list) or any(
+            not isinstance(v, torch.Tensor) for v in input_list
+        ):
+            raise TypeError(
+                f"`input_list` needs to be a list of Tensors, but given {type(input_list)}."
+            )
+        if output_list is not None:
+            if not isinstance(output_list, list) or any(
+                not isinstance(v, torch.Tensor) for v in output_list
+            ):
+                raise TypeError(
+                    f"`output_list` needs to be a list of Tensors, but given {type(output_list)}."
+                )
+            if len(output_list) != len(input_list):
+                raise ValueError(
+                    "`output_list` length doesn't match `input_list` length: "
+                    f"{len(output_list)} vs {len(input_list)}."
+                )
+        self._func = func
+        self._input_list = input_list
+        self._output_list = output_list
+        self._total = 0
+        self._tensor_bucket: list[torch.Tensor] = []
+        self._output_bucket: Optional[list[torch.Tensor]] = [] if output_list else None
+        self._bucket_cap = bucket_cap_mb * 1024 * 1024
+        self._out_tensors: list[Any] = []
+
+    def flush(self) -> None:
+        """Runs ``func`` on the current bucket and starts a new one."""
+        if len(self._tensor_bucket) == 1:
+            out = self._output_bucket[0] if self._output_bucket else None
+            self._out_tensors.append(self._func(self._tensor_bucket[0], out))
+        elif self._tensor_bucket:
+            self._out_tensors.extend(self._func(self._tensor_bucket, self._output_bucket))
+        self._total = 0
+        self._tensor_bucket = []
+        self._output_bucket = [] if self._output_list else None
+
+    def add(self, tensor: torch.Tensor, idx: int) -> None:
+        """Adds ``tensor`` (input number ``idx``) to the current bucket."""
+        self._total += tensor.numel() * tensor.element_size()
+        self._tensor_bucket.append(tensor)
+        if self._output_list is not None and self._output_bucket is not None:
+            self._output_bucket.append(self._output_list[idx])
+
+    def __call__(self) -> list[Any]:
+        for idx, tensor in enumerate(self._input_list):
+            size = tensor.numel() * tensor.element_size()
+            total = self._total + size
+            if (
+                size > self._bucket_cap
+                and self._total < 0.5 * self._bucket_cap
+                and total <= 2 * self._bucket_cap
+            ):
+                self.add(tensor, idx)
+                self.flush()
+            else:
+                if total > self._bucket_cap:
+                    self.flush()
+                self.add(tensor, idx)
+        self.flush()
+        assert len(self._out_tensors) == len(self._input_list)
+        return self._out_tensors
+
+
+def all_gather_bucketized(
+    input_list: list[torch.Tensor],
+    dim: int = 0,
+    groups: Optional[list[list[int]]] = None,
+    output: Optional[list[torch.Tensor]] = None,
+    pin_layout: bool = False,
+    bucket_cap_mb: int = 160,
+) -> list[torch.Tensor]:
+    """All-gathers a list of tensors in buckets of about ``bucket_cap_mb`` MiB.
+
+    Args:
+      input_list (list): Input tensors.
+      dim, groups, output, pin_layout: As in :func:`all_gather`
+        (``pin_layout=True`` raises ``RuntimeError`` as in torch_xla).
+      bucket_cap_mb (int): Bucket size target in MiB. Default: 160
+
+    Returns:
+      One gathered tensor per input.
+    """
+    if pin_layout:
+        raise RuntimeError("For xm.all_gather_bucketized, pin_layout=True is not yet supported.")
+
+    def gather(inputs: Any, outputs: Any = None) -> Any:
+        return all_gather(inputs, dim=dim, groups=groups, output=outputs, pin_layout=pin_layout)
+
+    return CoalescingBuckets(gather, input_list, output, bucket_cap_mb=bucket_cap_mb)()
+
+
+def reduce_scatter_bucketized(
+    reduce_type: str,
+    input_list: list[torch.Tensor],
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: Optional[list[list[int]]] = None,
+    output: Optional[list[torch.Tensor]] = None,
+    pin_layout: bool = False,
+    bucket_cap_mb: int = 160,
+) -> list[torch.Tensor]:
+    """Reduce-scatters a list of tensors in buckets of about ``bucket_cap_mb`` MiB.
+
+    Args:
+      reduce_type, scale, scatter_dim, shard_count, groups, pin_layout: As in
+        :func:`reduce_scatter`.
+      input_list (list): Input tensors.
+      output (list, optional): Output tensors.
+      bucket_cap_mb (int): Bucket size target in MiB. Default: 160
+
+    Returns:
+      One shard per input.
+    """
+
+    def scatter(inputs: Any, outputs: Any = None) -> Any:
+        return reduce_scatter(
+            reduce_type, inputs, scale, scatter_dim, shard_count, groups, outputs, pin_layout
+        )
+
+    return CoalescingBuckets(scatter, input_list, output, bucket_cap_mb=bucket_cap_mb)()
+
+
+def all_reduce_bucketized_gradients(
+    gradients: list[torch.Tensor],
+    scale: float,
+    groups: Optional[list[list[int]]],
+    pin_layout: bool,
+    bucket_cap_mb: int = 0,
+) -> None:
+    """Sums gradients in place, one collective call per bucket of about
+    ``bucket_cap_mb`` MiB (a bucket closes when the next gradient would spill
+    over the cap; a cap of 0 gives one gradient per call), scaling by ``scale``.
+    """
+    cap = bucket_cap_mb * 1024 * 1024
+    total = 0
+    bucket: list[torch.Tensor] = []
+    for grad in gradients:
+        size = grad.numel() * grad.element_size()
+        total += size
+        if total > cap and bucket:
+            all_reduce(REDUCE_SUM, bucket, scale=scale, groups=groups, pin_layout=pin_layout)
+            total = size
+            bucket = []
+        bucket.append(grad)
+    if bucket:
+        all_reduce(REDUCE_SUM, bucket, scale=scale, groups=groups, pin_layout=pin_layout)
+
+
+def _fetch_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [
+        p.grad.data
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if isinstance(p, torch.Tensor) and p.grad is not None
+    ]
+
+
+def reduce_gradients(
+    optimizer: torch.optim.Optimizer,
+    groups: Optional[list[list[int]]] = None,
+    pin_layout: bool = True,
+) -> None:
+    """Averages the gradients of ``optimizer``'s parameters over the replicas.
+
+    With ``ALLREDUCE_GRADIENTS_BUCKET_SIZE_MB`` > 0 the gradients are reduced
+    in buckets of that size, last layer first; otherwise all of them go in as
+    few collective calls as possible (one per dtype for small gradients).
+
+    Args:
+      optimizer (torch.optim.Optimizer): Holds the parameters whose ``.grad``
+        is reduced.
+      groups (list, optional): Replica groups (the average is over the group).
+      pin_layout (bool, optional): Accepted for compatibility; no effect.
+    """
+    count = runtime._group_size(groups) if groups else world_size()
+    if count <= 1:
+        return
+    gradients = _fetch_gradients(optimizer)
+    cap = int(os.environ.get("ALLREDUCE_GRADIENTS_BUCKET_SIZE_MB", "0"))
+    if cap > 0:
+        all_reduce_bucketized_gradients(
+            list(reversed(gradients)), 1.0 / count, groups, pin_layout, bucket_cap_mb=cap
+        )
+    elif gradients:
+        all_reduce(REDUCE_SUM, gradients, scale=1.0 / count, groups=groups, pin_layout=pin_layout)
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    barrier: bool = False,
+    optimizer_args: dict[str, Any] = {},  # noqa: B006
+    groups: Optional[list[list[int]]] = None,
+    pin_layout: bool = True,
+) -> Any:
+    """Averages gradients across replicas, then runs ``optimizer.step()``.
+
+    Args:
+      optimizer (torch.optim.Optimizer): The optimizer to step.
+      barrier (bool, optional): Also wait for every replica after the step
+        (torch_xla issues a graph barrier; eager ringlet has none to issue, so
+        this is a plain :func:`barrier`). Default: False
+      optimizer_args (dict, optional): Keyword arguments of ``step()``.
+      groups (list, optional): Replica groups for the gradient average.
+      pin_layout (bool, optional): Accepted for compatibility; no effect.
+
+    Returns:
+      What ``optimizer.step()`` returned.
+
+    Example:
+      >>> loss.backward()
+      >>> ringlet.optimizer_step(optimizer)
+    """
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    result = optimizer.step(**optimizer_args)
+    if barrier:
+        globals()["barrier"]()
+    return result
+
+
+def broadcast_master_param(model: torch.nn.Module) -> None:
+    """Copies every parameter and buffer of ``model`` from ordinal 0 to all.
+
+    Example:
+      >>> ringlet.broadcast_master_param(model)
+    """
+    tensors = [t.data for t in list(model.parameters()) + list(model.buffers())]
+    collective_broadcast(tensors)

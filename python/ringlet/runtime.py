@@ -1,0 +1,359 @@
+"""Process-group bootstrap: who am I, who are my peers, how are we connected.
+
+Under ``torchrun`` :func:`init` needs no arguments: it reads ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` and exchanges listening
+addresses through the key-value store torchrun already runs (PyTorch's
+``TCPStore``), under a ``ringlet/`` prefix of its own, so ringlet and
+``torch.distributed`` can be initialised side by side in one job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Optional
+
+from . import _core
+from .errors import NotInitializedError
+
+__all__ = [
+    "get_local_ordinal",
+    "get_ordinal",
+    "host_layout",
+    "init",
+    "is_initialized",
+    "local_world_size",
+    "shutdown",
+    "transport",
+    "world_size",
+]
+
+_DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass
+class _State:
+    rank: int
+    world_size: int
+    hosts: list[str]
+    timeout: float
+    comm: _core.Communicator
+    store: Any = None
+    prefix: str = ""
+    addr: str = "127.0.0.1"
+    groups: dict[tuple[tuple[int, ...], ...], _core.Communicator] = field(default_factory=dict)
+
+
+_state: Optional[_State] = None
+_lock = threading.Lock()
+_generation = 0
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
+def _engine_options() -> dict[str, Any]:
+    mode = os.environ.get("RINGLET_TRANSPORT", "auto").lower()
+    if mode not in ("auto", "tcp", "shm"):
+        raise ValueError(f"RINGLET_TRANSPORT={mode!r}: expected 'auto', 'shm' or 'tcp'")
+    return {
+        "force_tcp": mode == "tcp",
+        "slot_bytes": _env_int("RINGLET_SHM_SLOT_BYTES", 8 << 20),
+        "cma": os.environ.get("RINGLET_CMA", "1") not in ("0", "false", "False"),
+        "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", 1 << 20),
+        "small_bytes": _env_int("RINGLET_SMALL_BYTES", 64 << 10),
+        "spins": _env_int("RINGLET_SPIN", 2000),
+    }
+
+
+def _host_id() -> str:
+    return os.environ.get("RINGLET_HOST_ID") or _core.host_identity()
+
+
+def _local_ip(master_addr: str) -> str:
+    explicit = os.environ.get("RINGLET_ADDR")
+    if explicit:
+        return explicit
+    if master_addr in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, 9))  # no packet is sent for UDP connect
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def _make_store(addr: str, port: int, rank: int, world: int, timeout: float) -> Any:
+    from torch.distributed import TCPStore
+
+    td = timedelta(seconds=timeout)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent hosts the store; every worker is a client.
+        return TCPStore(addr, port, None, False, td, wait_for_workers=False)
+    return TCPStore(
+        addr, port, world, rank == 0, td, wait_for_workers=False, multi_tenant=True
+    )
+
+
+def _connect(
+    store: Any, key: str, group_rank: int, group_size: int, addr: str, timeout: float
+) -> tuple[_core.Communicator, list[str]]:
+    """Exchanges listening addresses under ``key`` and connects a group."""
+    host = _host_id()
+    bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
+    listener = _core.Listener(f"{bind}:0")
+    me = {"addr": f"{addr}:{listener.port}", "host": host}
+    store.set(f"{key}/peer/{group_rank}", json.dumps(me))
+    if group_rank == 0:
+        store.set(f"{key}/token", str(secrets.randbits(63)))
+    peers = [json.loads(store.get(f"{key}/peer/{r}")) for r in range(group_size)]
+    token = int(store.get(f"{key}/token"))
+    comm = _core.Communicator.connect(
+        listener,
+        group_rank,
+        [p["addr"] for p in peers],
+        [p["host"] for p in peers],
+        token,
+        timeout,
+        **_engine_options(),
+    )
+    return comm, [p["host"] for p in peers]
+
+
+def init(
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    timeout: Optional[float] = None,
+) -> None:
+    """Joins this process to the job's communicator.
+
+    With no arguments, reads torchrun's environment (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``). Without any of it, the process is a world
+    of one (no network). Calling it again while initialised does nothing.
+
+    Args:
+      rank (int, optional): This process's rank. Default: ``$RANK`` or 0.
+      world_size (int, optional): Number of processes. Default:
+        ``$WORLD_SIZE`` or 1.
+      master_addr (str, optional): Host of the key-value store (rank 0 hosts
+        it unless torchrun's agent does). Default: ``$MASTER_ADDR`` or
+        ``127.0.0.1``.
+      master_port (int, optional): Port of the key-value store. Default:
+        ``$MASTER_PORT`` or 29500.
+      timeout (float, optional): Seconds a rank waits for a peer before
+        raising. Default: ``$RINGLET_TIMEOUT`` or 300.
+
+    Example:
+      >>> import ringlet
+      >>> ringlet.init()            # under torchrun
+      >>> ringlet.get_ordinal(), ringlet.world_size()
+      (0, 2)
+    """
+    global _state, _generation
+    with _lock:
+        if _state is not None:
+            return
+        rank = _env_int("RANK", 0) if rank is None else int(rank)
+        world = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
+        wait = _env_float("RINGLET_TIMEOUT", _DEFAULT_TIMEOUT) if timeout is None else timeout
+        if world < 1:
+            raise ValueError(f"world_size must be at least 1, got {world}")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is out of range for world_size {world}")
+        if not wait > 0:
+            raise ValueError(f"timeout must be positive, got {wait}")
+        _engine_options()  # validate the environment early
+        if world == 1:
+            _state = _State(0, 1, [_host_id()], float(wait), _core.Communicator.single())
+            return
+        addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        port = int(master_port if master_port is not None else _env_int("MASTER_PORT", 29500))
+        store = _make_store(addr, port, rank, world, float(wait))
+        _generation += 1
+        prefix = f"ringlet/{_generation}"
+        my_addr = _local_ip(addr)
+        comm, hosts = _connect(store, f"{prefix}/world", rank, world, my_addr, float(wait))
+        _state = _State(rank, world, hosts, float(wait), comm, store, prefix, my_addr)
+
+
+def shutdown() -> None:
+    """Closes every connection of this process; :func:`init` may be called again.
+
+    Example:
+      >>> ringlet.shutdown()
+      >>> ringlet.is_initialized()
+      False
+    """
+    global _state
+    with _lock:
+        state, _state = _state, None
+    if state is None:
+        return
+    for comm in state.groups.values():
+        comm.close()
+    state.comm.close()
+
+
+def is_initialized() -> bool:
+    """Returns whether :func:`init` has run (and :func:`shutdown` has not)."""
+    return _state is not None
+
+
+def _require() -> _State:
+    state = _state
+    if state is None:
+        raise NotInitializedError(
+            "ringlet is not initialized: call ringlet.init() first "
+            "(under torchrun it needs no arguments)"
+        )
+    return state
+
+
+def get_ordinal() -> int:
+    """Returns this process's global rank (0 when not initialised).
+
+    Example:
+      >>> ringlet.get_ordinal()
+      0
+    """
+    return _state.rank if _state is not None else 0
+
+
+def world_size() -> int:
+    """Returns the number of processes in the job (1 when not initialised).
+
+    Example:
+      >>> ringlet.world_size()
+      2
+    """
+    return _state.world_size if _state is not None else 1
+
+
+def host_layout() -> list[list[int]]:
+    """Returns the global ranks on each host, hosts in order of their lowest rank.
+
+    Returns:
+      A list with one list of ranks per host, e.g. ``[[0, 1], [2, 3]]``;
+      ``[[0]]`` before :func:`init`.
+    """
+    if _state is None:
+        return [[0]]
+    order: dict[str, list[int]] = {}
+    for r, h in enumerate(_state.hosts):
+        order.setdefault(h, []).append(r)
+    return list(order.values())
+
+
+def get_local_ordinal() -> int:
+    """Returns this process's index among the processes on its host.
+
+    Example:
+      >>> ringlet.get_local_ordinal()
+      0
+    """
+    if _state is None:
+        return 0
+    return next(g.index(_state.rank) for g in host_layout() if _state.rank in g)
+
+
+def local_world_size() -> int:
+    """Returns the number of processes on this host."""
+    if _state is None:
+        return 1
+    return next(len(g) for g in host_layout() if _state.rank in g)
+
+
+def transport() -> str:
+    """Returns how the world communicator is connected: ``"local"`` (one
+    process), ``"shm+cma"`` (shared memory with single-copy reads), ``"shm"``
+    or ``"tcp"``."""
+    return _require().comm.transport
+
+
+def _world() -> _core.Communicator:
+    return _require().comm
+
+
+def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
+    """The communicator of this rank's replica group (created once, cached)."""
+    state = _require()
+    if not groups:
+        return state.comm
+    key = _validate_groups(groups, state.world_size, state.rank)
+    mine = next(g for g in key if state.rank in g)
+    if len(mine) == state.world_size and list(mine) == list(range(state.world_size)):
+        return state.comm
+    with _lock:
+        comm = state.groups.get(key)
+        if comm is None:
+            if len(mine) == 1:
+                comm = _core.Communicator.single()
+            else:
+                tag = "/".join(",".join(map(str, g)) for g in key)
+                comm, _ = _connect(
+                    state.store,
+                    f"{state.prefix}/group/{tag}/{key.index(mine)}",
+                    mine.index(state.rank),
+                    len(mine),
+                    state.addr,
+                    state.timeout,
+                )
+            state.groups[key] = comm
+    return comm
+
+
+def _validate_groups(groups: Any, world: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    if not isinstance(groups, (list, tuple)) or not all(
+        isinstance(g, (list, tuple)) for g in groups
+    ):
+        raise ValueError(f"rank {rank}: groups must be a list of lists of ranks, got {groups!r}")
+    seen: dict[int, int] = {}
+    for gi, g in enumerate(groups):
+        if len(g) == 0:
+            raise ValueError(f"rank {rank}: replica group {gi} is empty")
+        for r in g:
+            if not isinstance(r, int) or isinstance(r, bool):
+                raise ValueError(f"rank {rank}: replica group {gi} holds {r!r}, not a rank")
+            if not 0 <= r < world:
+                raise ValueError(
+                    f"rank {rank}: replica group {gi} names rank {r}, "
+                    f"out of range for world size {world}"
+                )
+            if r in seen:
+                raise ValueError(
+                    f"rank {rank}: rank {r} appears in replica groups {seen[r]} and {gi}"
+                )
+            seen[r] = gi
+    missing = sorted(set(range(world)) - set(seen))
+    if missing:
+        raise ValueError(f"rank {rank}: ranks {missing} are in no replica group of {groups!r}")
+    return tuple(tuple(g) for g in groups)
+
+
+def _group_size(groups: Optional[list[list[int]]]) -> int:
+    return _group(groups).size

@@ -1,0 +1,328 @@
+//! `ringlet._core`: the PyO3 binding of ringlet-core. It converts arguments,
+//! releases the GIL around every call into the engine, turns panics into
+//! exceptions and maps errors (in `errors.rs`). Nothing else.
+
+mod errors;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use ringlet_core as core;
+use std::net::TcpListener;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Runs `f` without the GIL, converting panics and engine errors to Python
+/// exceptions. Every call into the engine goes through here.
+fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> core::Result<T> + Send) -> PyResult<T> {
+    match py.allow_threads(|| catch_unwind(AssertUnwindSafe(f))) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(errors::to_pyerr(e)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(PyRuntimeError::new_err(format!(
+                "ringlet internal error: {what}"
+            )))
+        }
+    }
+}
+
+/// A byte range of memory owned by a Python object (a tensor or an array)
+/// that the caller keeps alive and does not touch during the call.
+#[derive(Clone, Copy)]
+struct RawBuf {
+    ptr: usize,
+    len: usize,
+}
+
+impl RawBuf {
+    fn new(ptr: usize, len: usize) -> PyResult<Self> {
+        if ptr == 0 && len != 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "null data pointer with a non-zero length",
+            ));
+        }
+        Ok(RawBuf { ptr, len })
+    }
+
+    /// # Safety
+    /// `ptr..ptr+len` must be readable memory that stays alive and unwritten by
+    /// anyone else for the lifetime `'a`.
+    unsafe fn slice<'a>(self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: non-null (checked in `new`) and valid per the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    /// # Safety
+    /// As `slice`, and nothing else may read or write the range during `'a`.
+    unsafe fn slice_mut<'a>(self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: non-null (checked in `new`) and exclusively ours per the
+        // caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+fn check_disjoint(a: RawBuf, b: RawBuf) -> PyResult<()> {
+    let overlap = a.len > 0 && b.len > 0 && a.ptr < b.ptr + b.len && b.ptr < a.ptr + a.len;
+    if overlap {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "input and output tensors overlap in memory",
+        ));
+    }
+    Ok(())
+}
+
+/// A listening TCP socket; its port is published before connecting.
+#[pyclass(module = "ringlet._core")]
+struct Listener {
+    inner: TcpListener,
+}
+
+#[pymethods]
+impl Listener {
+    #[new]
+    fn new(addr: &str) -> PyResult<Self> {
+        Ok(Listener {
+            inner: core::transport::tcp::listen(addr).map_err(errors::to_pyerr)?,
+        })
+    }
+
+    /// The port the socket listens on.
+    #[getter]
+    fn port(&self) -> PyResult<u16> {
+        self.inner
+            .local_addr()
+            .map(|a| a.port())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+}
+
+/// One rank's endpoint in a group; all collectives are methods.
+#[pyclass(module = "ringlet._core", frozen)]
+struct Communicator {
+    inner: Mutex<Option<core::Communicator>>,
+    rank: usize,
+    size: usize,
+    transport: &'static str,
+}
+
+impl Communicator {
+    fn wrap(c: core::Communicator) -> Self {
+        Communicator {
+            rank: c.rank(),
+            size: c.size(),
+            transport: c.transport(),
+            inner: Mutex::new(Some(c)),
+        }
+    }
+
+    fn with<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut core::Communicator) -> core::Result<T> + Send,
+    ) -> PyResult<T> {
+        let rank = self.rank;
+        run(py, || {
+            let mut guard = self.inner.lock().map_err(|_| core::Error::Aborted {
+                rank,
+                reason: "an earlier call panicked".into(),
+            })?;
+            let comm = guard.as_mut().ok_or_else(|| core::Error::Aborted {
+                rank,
+                reason: "the communicator was shut down".into(),
+            })?;
+            f(comm).map_err(|e| match e {
+                core::Error::InvalidArgument(m) if !m.starts_with("rank ") => {
+                    core::Error::InvalidArgument(format!("rank {rank}: {m}"))
+                }
+                other => other,
+            })
+        })
+    }
+}
+
+fn dtype(name: &str) -> PyResult<core::DType> {
+    core::DType::from_name(name).map_err(errors::to_pyerr)
+}
+
+fn op(name: &str) -> PyResult<core::ReduceOp> {
+    core::ReduceOp::from_name(name).map_err(errors::to_pyerr)
+}
+
+#[pymethods]
+impl Communicator {
+    /// A world of one rank (no network).
+    #[staticmethod]
+    fn single() -> Self {
+        Communicator::wrap(core::Communicator::single(core::Config::default()))
+    }
+
+    /// Connects to every rank in the peer table (blocks without the GIL).
+    #[staticmethod]
+    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=8<<20, cma=true, cma_threshold=1<<20, small_bytes=64<<10, spins=2000))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        py: Python<'_>,
+        listener: &Listener,
+        rank: usize,
+        addrs: Vec<String>,
+        hosts: Vec<String>,
+        token: u64,
+        timeout_s: f64,
+        force_tcp: bool,
+        slot_bytes: usize,
+        cma: bool,
+        cma_threshold: usize,
+        small_bytes: usize,
+        spins: u32,
+    ) -> PyResult<Self> {
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, got {timeout_s}"
+            )));
+        }
+        let cfg = core::Config {
+            timeout: Duration::from_secs_f64(timeout_s),
+            force_tcp,
+            slot_bytes,
+            cma,
+            cma_threshold,
+            small_bytes,
+            spins,
+        };
+        let l = &listener.inner;
+        let c = run(py, || {
+            core::Communicator::connect(rank, &addrs, &hosts, l, token, cfg)
+        })?;
+        Ok(Communicator::wrap(c))
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// `"local"`, `"shm+cma"`, `"shm"` or `"tcp"`.
+    #[getter]
+    fn transport(&self) -> &'static str {
+        self.transport
+    }
+
+    fn all_reduce(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        op_name: &str,
+    ) -> PyResult<()> {
+        let (d, o, buf) = (dtype(dtype_name)?, op(op_name)?, RawBuf::new(ptr, nbytes)?);
+        // SAFETY: the Python wrapper passes the data pointer and byte size of a
+        // contiguous CPU tensor it keeps referenced for the whole call.
+        self.with(py, move |c| c.all_reduce(unsafe { buf.slice_mut() }, d, o))
+    }
+
+    fn all_gather(
+        &self,
+        py: Python<'_>,
+        in_ptr: usize,
+        in_nbytes: usize,
+        out_ptr: usize,
+        out_nbytes: usize,
+        dtype_name: &str,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let (i, o) = (
+            RawBuf::new(in_ptr, in_nbytes)?,
+            RawBuf::new(out_ptr, out_nbytes)?,
+        );
+        check_disjoint(i, o)?;
+        // SAFETY: two distinct (checked) contiguous CPU tensors kept alive by
+        // the Python wrapper for the whole call.
+        self.with(py, move |c| {
+            c.all_gather(unsafe { i.slice() }, unsafe { o.slice_mut() }, d)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        in_ptr: usize,
+        in_nbytes: usize,
+        out_ptr: usize,
+        out_nbytes: usize,
+        dtype_name: &str,
+        op_name: &str,
+    ) -> PyResult<()> {
+        let (d, op) = (dtype(dtype_name)?, op(op_name)?);
+        let (i, o) = (
+            RawBuf::new(in_ptr, in_nbytes)?,
+            RawBuf::new(out_ptr, out_nbytes)?,
+        );
+        check_disjoint(i, o)?;
+        // SAFETY: as in all_gather.
+        self.with(py, move |c| {
+            c.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, d, op)
+        })
+    }
+
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        root: usize,
+    ) -> PyResult<()> {
+        let (d, buf) = (dtype(dtype_name)?, RawBuf::new(ptr, nbytes)?);
+        // SAFETY: as in all_reduce.
+        self.with(py, move |c| {
+            c.broadcast(unsafe { buf.slice_mut() }, d, root)
+        })
+    }
+
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        self.with(py, |c| c.barrier())
+    }
+
+    /// Closes the connections; later calls raise.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        run(py, || {
+            if let Ok(mut g) = self.inner.lock() {
+                g.take();
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Identity of this machine (hostname and boot id).
+#[pyfunction]
+fn host_identity() -> String {
+    core::host_identity()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", core::version())?;
+    m.add_class::<Listener>()?;
+    m.add_class::<Communicator>()?;
+    m.add_function(wrap_pyfunction!(host_identity, m)?)?;
+    Ok(())
+}
