@@ -18,11 +18,17 @@ use half::{bf16, f16};
 const HALF_BLOCK: usize = 1024;
 
 fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T]> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
     bytemuck::try_cast_slice(bytes)
         .map_err(|e| Error::InvalidArgument(format!("buffer not aligned for its dtype: {e:?}")))
 }
 
 fn cast_mut<T: Pod>(bytes: &mut [u8]) -> Result<&mut [T]> {
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
     bytemuck::try_cast_slice_mut(bytes)
         .map_err(|e| Error::InvalidArgument(format!("buffer not aligned for its dtype: {e:?}")))
 }
@@ -324,6 +330,12 @@ mod tests {
         reduce_into(DType::F16, ReduceOp::Sum, &mut d, &refs).unwrap();
         let r: &[f16] = bytemuck::cast_slice(&d);
         assert!(r.iter().all(|v| v.to_f32() == 2050.0));
+    }
+
+    #[test]
+    fn empty_buffers_need_no_alignment() {
+        let mut d: [u8; 0] = [];
+        reduce_inplace(DType::F64, ReduceOp::Sum, &mut d, &[&[]]).unwrap();
     }
 
     #[test]

@@ -1,0 +1,109 @@
+"""Shared helpers: launch real ranks as processes, with a hard timeout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+import pytest
+import torch.multiprocessing as mp
+
+TRANSPORTS = ["shm", "tcp"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    fn: Callable[..., Any],
+    rank: int,
+    world: int,
+    port: int,
+    env: dict[str, str],
+    init: bool,
+    timeout: float,
+    results: Any,
+    extra: tuple[Any, ...],
+) -> None:
+    os.environ.update(env)
+    try:
+        import ringlet
+
+        if init:
+            ringlet.init(
+                rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                timeout=timeout,
+            )
+        out = fn(rank, world, *extra)
+        results.put((rank, "ok", out))
+    except BaseException as e:  # report everything, including assertion errors
+        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            import ringlet
+
+            ringlet.shutdown()
+        except Exception:
+            pass
+
+
+def launch(
+    world: int,
+    fn: Callable[..., Any],
+    *extra: Any,
+    transport: str = "shm",
+    env: dict[str, str] | None = None,
+    timeout: float = 240.0,
+    comm_timeout: float = 60.0,
+    init: bool = True,
+    expect_dead: tuple[int, ...] = (),
+) -> dict[int, Any]:
+    """Runs ``fn(rank, world, *extra)`` on ``world`` processes; returns
+    ``{rank: result}``. Raises if any rank fails or the run outlives
+    ``timeout`` (then every process is killed). Ranks in ``expect_dead`` may
+    die without reporting."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    full_env = {"RINGLET_TRANSPORT": "tcp" if transport == "tcp" else "auto", **(env or {})}
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(fn, r, world, port, full_env, init, comm_timeout, results, extra),
+            daemon=True,
+        )
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    errors: list[str] = []
+    expected = world - len(expect_dead)
+    try:
+        while len(out) + len(errors) < world:
+            try:
+                rank, status, value = results.get(timeout=timeout)
+            except Exception:
+                if len(out) + len(errors) >= expected:
+                    break
+                raise TimeoutError(
+                    f"ranks did not finish within {timeout}s; got {sorted(out)}"
+                ) from None
+            if status == "ok":
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank}: {value}")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        pytest.fail("\n".join(errors))
+    return out
