@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -62,6 +64,7 @@ def launch(
     comm_timeout: float = 60.0,
     init: bool = True,
     expect_dead: tuple[int, ...] = (),
+    per_rank_env: list[dict[str, str]] | None = None,
 ) -> dict[int, Any]:
     """Runs ``fn(rank, world, *extra)`` on ``world`` processes; returns
     ``{rank: result}``. Raises if any rank fails or the run outlives
@@ -74,7 +77,10 @@ def launch(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(fn, r, world, port, full_env, init, comm_timeout, results, extra),
+            args=(
+                fn, r, world, port, {**full_env, **(per_rank_env[r] if per_rank_env else {})},
+                init, comm_timeout, results, extra,
+            ),
             daemon=True,
         )
         for r in range(world)
@@ -83,17 +89,21 @@ def launch(
         p.start()
     out: dict[int, Any] = {}
     errors: list[str] = []
-    expected = world - len(expect_dead)
+    deadline = time.monotonic() + timeout
     try:
         while len(out) + len(errors) < world:
             try:
-                rank, status, value = results.get(timeout=timeout)
-            except Exception:
-                if len(out) + len(errors) >= expected:
+                rank, status, value = results.get(timeout=0.5)
+            except queue.Empty:
+                live_done = all(r in out or r in expect_dead for r in range(world))
+                dead_gone = all(not procs[r].is_alive() for r in expect_dead)
+                if live_done and dead_gone and not errors:
                     break
-                raise TimeoutError(
-                    f"ranks did not finish within {timeout}s; got {sorted(out)}"
-                ) from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"ranks did not finish within {timeout}s; finished: {sorted(out)}"
+                    ) from None
+                continue
             if status == "ok":
                 out[rank] = value
             else:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _reference import DTYPES, OPS, assert_matches, make_input, reduce, supported
-from conftest import TRANSPORTS, launch
 
 import ringlet
+
+from _reference import DTYPES, OPS, assert_matches, make_input, reduce, supported
+from conftest import TRANSPORTS, launch
 
 COUNTS = [0, 1, 7, 1000003]
 LARGE_CASES = {

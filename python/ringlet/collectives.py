@@ -291,7 +291,8 @@ def all_gather(
     if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
         if pin_layout:
             raise RuntimeError(
-                "For xm.all_gather with list of tensors input, pin_layout=True is not yet supported."
+                "For xm.all_gather with list of tensors input, pin_layout=True is not yet "
+                "supported."
             )
         outputs = _check_output_list(output, value)
         comm = runtime._group(groups)

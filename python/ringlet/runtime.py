@@ -51,7 +51,6 @@ class _State:
 
 _state: Optional[_State] = None
 _lock = threading.Lock()
-_generation = 0
 
 
 def _env_int(name: str, default: int) -> int:
@@ -174,7 +173,7 @@ def init(
       >>> ringlet.get_ordinal(), ringlet.world_size()
       (0, 2)
     """
-    global _state, _generation
+    global _state
     with _lock:
         if _state is not None:
             return
@@ -194,8 +193,11 @@ def init(
         addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
         port = int(master_port if master_port is not None else _env_int("MASTER_PORT", 29500))
         store = _make_store(addr, port, rank, world, float(wait))
-        _generation += 1
-        prefix = f"ringlet/{_generation}"
+        # Every rank of a job counts its arrival in the store; the count tells
+        # all of them the same generation, however often each process
+        # initialised before (a store may outlive a job).
+        arrivals = int(store.add(f"ringlet/arrivals/{world}", 1))
+        prefix = f"ringlet/w{world}/g{(arrivals - 1) // world}"
         my_addr = _local_ip(addr)
         comm, hosts = _connect(store, f"{prefix}/world", rank, world, my_addr, float(wait))
         _state = _State(rank, world, hosts, float(wait), comm, store, prefix, my_addr)

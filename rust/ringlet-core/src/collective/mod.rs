@@ -48,7 +48,7 @@ pub(crate) fn part_bytes(count: usize, parts: usize, i: usize, esz: usize) -> Ra
 pub(crate) fn pieces(len: usize, max: usize, esz: usize) -> Vec<Range<usize>> {
     let max = (max / esz).max(1) * esz;
     if len == 0 {
-        return vec![0..0];
+        return std::iter::once(0..0).collect();
     }
     (0..len)
         .step_by(max)
@@ -74,7 +74,7 @@ pub(crate) fn split_ref_mut(
 
 /// Checks that a byte length holds whole elements.
 pub(crate) fn elements(len: usize, dtype: DType, what: &str) -> Result<usize> {
-    if len % dtype.size() != 0 {
+    if !len.is_multiple_of(dtype.size()) {
         return Err(Error::InvalidArgument(format!(
             "{what}: {len} bytes is not a whole number of {} elements",
             dtype.name()

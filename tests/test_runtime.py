@@ -1,0 +1,115 @@
+"""Bootstrap: world of one without a launcher, explicit init, torchrun, and
+side by side with torch.distributed's gloo backend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ringlet
+
+from conftest import free_port, launch
+
+
+def test_world_of_one_needs_no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    ringlet.shutdown()
+    assert not ringlet.is_initialized()
+    ringlet.init()
+    ringlet.init()  # twice is harmless
+    assert ringlet.is_initialized()
+    assert (ringlet.get_ordinal(), ringlet.world_size()) == (0, 1)
+    assert (ringlet.get_local_ordinal(), ringlet.local_world_size()) == (0, 1)
+    assert ringlet.transport() == "local"
+    x = torch.arange(4.0)
+    y = ringlet.all_reduce("sum", x, scale=3.0)
+    assert torch.equal(y, x) and y is not x  # torch_xla: a clone, unscaled
+    lst = [x]
+    assert ringlet.all_reduce("sum", lst) is lst
+    assert torch.equal(ringlet.all_gather(x.reshape(2, 2), dim=1), x.reshape(2, 2))
+    assert torch.equal(ringlet.reduce_scatter("sum", x, 2.0, 0, 1), x * 2)
+    ringlet.collective_broadcast([x])
+    ringlet.barrier()
+    assert ringlet.rendezvous("one", b"p") == [b"p"]
+    assert ringlet.mesh_reduce("m", 3, sum) == 3
+    assert ringlet.is_master_ordinal() and ringlet.is_master_ordinal(local=False)
+    ringlet.shutdown()
+    assert not ringlet.is_initialized()
+
+
+def test_bad_init_arguments() -> None:
+    ringlet.shutdown()
+    with pytest.raises(ValueError, match="rank 3 is out of range for world_size 2"):
+        ringlet.init(rank=3, world_size=2)
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        ringlet.init(rank=0, world_size=1, timeout=0)
+
+
+def info(rank: int, world: int) -> tuple[int, int, int, int, list[list[int]], str]:
+    return (
+        ringlet.get_ordinal(),
+        ringlet.world_size(),
+        ringlet.get_local_ordinal(),
+        ringlet.local_world_size(),
+        ringlet.host_layout(),
+        ringlet.transport(),
+    )
+
+
+def test_explicit_init_and_topology() -> None:
+    out = launch(3, info)
+    for r in range(3):
+        assert out[r] == (r, 3, r, 3, [[0, 1, 2]], "shm+cma")
+
+
+def test_simulated_hosts_use_tcp_and_report_layout() -> None:
+    # Two "hosts" on one machine: ranks 0,1 on A and 2,3 on B.
+    hosts = [{"RINGLET_HOST_ID": f"host-{r // 2}"} for r in range(4)]
+    out = launch(4, fake_hosts, per_rank_env=hosts)
+    for r in range(4):
+        assert out[r] == (r, 4, r % 2, 2, [[0, 1], [2, 3]], "tcp")
+
+
+def fake_hosts(rank: int, world: int) -> tuple[int, int, int, int, list[list[int]], str]:
+    return info(rank, world)
+
+
+def beside_gloo(rank: int, world: int, port: int) -> list[float]:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        x = torch.tensor([float(rank + 1)])
+        mine = ringlet.all_reduce("sum", x)
+        theirs = x.clone()
+        dist.all_reduce(theirs)
+        return [mine.item(), theirs.item()]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_side_by_side_with_torch_distributed() -> None:
+    out = launch(2, beside_gloo, free_port())
+    assert out == {0: [3.0, 3.0], 1: [3.0, 3.0]}
+
+
+def test_torchrun_launch() -> None:
+    script = Path(__file__).parent / "scripts" / "torchrun_job.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(free_port()), str(script),
+        ],
+        capture_output=True, text=True, timeout=180, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torchrun ok rank 0 of 2" in proc.stdout and "torchrun ok rank 1 of 2" in proc.stdout
