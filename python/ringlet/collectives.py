@@ -122,7 +122,7 @@ def _check_reduce_type(reduce_type: Any) -> str:
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    return t.nbytes
 
 
 def _apply_scale(t: torch.Tensor, scale: float) -> None:
@@ -139,6 +139,11 @@ def _apply_scale(t: torch.Tensor, scale: float) -> None:
 def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, scale: float) -> None:
     """All-reduces contiguous CPU tensors in place; small tensors of one dtype
     are flattened into a single collective call."""
+    if len(tensors) == 1:  # fast path: no grouping, no copies
+        t = tensors[0]
+        comm.all_reduce(t.data_ptr(), t.nbytes, _check(t, "input"), reduce_type)
+        _apply_scale(t, scale)
+        return
     names = [_check(t, f"inputs[{i}]") for i, t in enumerate(tensors)]
     small: dict[torch.dtype, list[torch.Tensor]] = {}
     for t, name in zip(tensors, names):

@@ -155,7 +155,9 @@ pub fn check_agreement(rank: usize, all: &[OpDesc]) -> crate::Result<()> {
 pub struct WaitPolicy {
     pub timeout: Duration,
     pub spins: u32,
-    pub yields: u32,
+    /// After spinning, yield the CPU (letting other ranks on the same core
+    /// run) for up to this long before parking on a futex.
+    pub yield_for: Duration,
     pub park_slice: Duration,
 }
 
@@ -165,7 +167,7 @@ impl WaitPolicy {
         WaitPolicy {
             timeout,
             spins: 2000,
-            yields: 64,
+            yield_for: Duration::from_millis(2),
             park_slice: Duration::from_millis(5),
         }
     }

@@ -203,13 +203,13 @@ impl ShmGroup {
             }
             std::hint::spin_loop();
         }
-        for _ in 0..self.policy.yields {
+        let start = Instant::now();
+        while start.elapsed() < self.policy.yield_for {
             if reached(c.counter.load(Ordering::Acquire)) {
                 return Ok(());
             }
             sys::yield_now();
         }
-        let start = Instant::now();
         loop {
             c.sleepers.fetch_add(1, Ordering::SeqCst);
             let seen = c.counter.load(Ordering::SeqCst);
