@@ -413,9 +413,7 @@ def reduce_scatter(
     _check_equal_groups(groups)
     if isinstance(input, (torch.Tensor, np.ndarray)):
         value = _as_tensor(input, "input")
-        comm = runtime._group(groups) if runtime.is_initialized() else None
-        if comm is None:
-            comm = runtime._world()
+        comm = runtime._group(groups)
         return _scatter_one(comm, reduce_type, value, scale, scatter_dim, shard_count, output)
     if isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input):
         outputs = _check_output_list(output, input)

@@ -72,14 +72,22 @@ impl RawBuf {
     }
 }
 
-fn check_disjoint(a: RawBuf, b: RawBuf) -> PyResult<()> {
+/// The input and output buffers of an out-of-place collective, checked not
+/// to overlap.
+fn in_out(
+    in_ptr: usize,
+    in_len: usize,
+    out_ptr: usize,
+    out_len: usize,
+) -> PyResult<(RawBuf, RawBuf)> {
+    let (a, b) = (RawBuf::new(in_ptr, in_len)?, RawBuf::new(out_ptr, out_len)?);
     let overlap = a.len > 0 && b.len > 0 && a.ptr < b.ptr + b.len && b.ptr < a.ptr + a.len;
     if overlap {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "input and output tensors overlap in memory",
         ));
     }
-    Ok(())
+    Ok((a, b))
 }
 
 /// A listening TCP socket; its port is published before connecting.
@@ -247,11 +255,7 @@ impl Communicator {
         dtype_name: &str,
     ) -> PyResult<()> {
         let d = dtype(dtype_name)?;
-        let (i, o) = (
-            RawBuf::new(in_ptr, in_nbytes)?,
-            RawBuf::new(out_ptr, out_nbytes)?,
-        );
-        check_disjoint(i, o)?;
+        let (i, o) = in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
         // SAFETY: two distinct (checked) contiguous CPU tensors kept alive by
         // the Python wrapper for the whole call.
         self.with(py, move |c| {
@@ -271,11 +275,7 @@ impl Communicator {
         op_name: &str,
     ) -> PyResult<()> {
         let (d, op) = (dtype(dtype_name)?, op(op_name)?);
-        let (i, o) = (
-            RawBuf::new(in_ptr, in_nbytes)?,
-            RawBuf::new(out_ptr, out_nbytes)?,
-        );
-        check_disjoint(i, o)?;
+        let (i, o) = in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
         // SAFETY: as in all_gather.
         self.with(py, move |c| {
             c.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, d, op)
