@@ -33,18 +33,23 @@ __all__ = [
     "all_gather_bucketized",
     "all_reduce",
     "all_reduce_bucketized_gradients",
+    "all_to_all",
+    "all_to_all_v",
     "barrier",
     "broadcast_master_param",
     "collective_broadcast",
+    "collective_permute",
     "is_master_ordinal",
     "master_print",
     "mesh_reduce",
     "optimizer_step",
     "reduce_gradients",
     "reduce_scatter",
+    "recv",
     "reduce_scatter_bucketized",
     "rendezvous",
     "save",
+    "send",
     "wait_device_ops",
 ]
 
@@ -168,6 +173,16 @@ def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, sc
                 offset += n
 
 
+def _always_allreduce() -> bool:
+    """``$XLA_ALWAYS_ALLREDUCE`` read as torch_xla reads it (an integer flag:
+    ``0`` or unset keeps the world-size-1 shortcut)."""
+    raw = os.environ.get("XLA_ALWAYS_ALLREDUCE", "").strip()
+    try:
+        return bool(int(raw)) if raw else False
+    except ValueError:
+        return raw.lower() in ("true", "yes", "on")
+
+
 def all_reduce(
     reduce_type: str,
     inputs: Union[TensorLike, list[TensorLike]],
@@ -199,7 +214,7 @@ def all_reduce(
       >>> ringlet.all_reduce(ringlet.REDUCE_SUM, t)   # on 2 ranks
       tensor([3., 3., 3., 3.])
     """
-    if world_size() == 1 and not os.environ.get("XLA_ALWAYS_ALLREDUCE"):
+    if world_size() == 1 and not _always_allreduce():
         if isinstance(inputs, (torch.Tensor, np.ndarray)):
             return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs.copy()
         return inputs
@@ -301,10 +316,11 @@ def all_gather(
             )
         outputs = _check_output_list(output, value)
         comm = runtime._group(groups)
-        return [
+        gathered = [
             _gather_one(comm, v, dim, outputs[i] if outputs is not None else None)
             for i, v in enumerate(value)
         ]
+        return output if outputs is not None else gathered  # torch_xla returns `output`
     raise TypeError(
         f"`value` needs to be a Tensor or a list of Tensors, but given {type(value)}."
     )
@@ -418,7 +434,7 @@ def reduce_scatter(
     if isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input):
         outputs = _check_output_list(output, input)
         comm = runtime._group(groups)
-        return [
+        shards = [
             _scatter_one(
                 comm,
                 reduce_type,
@@ -430,6 +446,7 @@ def reduce_scatter(
             )
             for i, v in enumerate(input)
         ]
+        return output if outputs is not None else shards  # torch_xla returns `output`
     raise TypeError(
         f"`input` needs to be a Tensor or a list of Tensors, but given {type(input)}."
     )
@@ -913,3 +930,286 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
     """
     tensors = [t.data for t in list(model.parameters()) + list(model.buffers())]
     collective_broadcast(tensors)
+
+
+# ----------------------------------------------------------------------------
+# All-to-all, permute and point-to-point messages.
+
+
+def _check_ints(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"rank {_rank()}: {what} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _exchange(
+    comm: Any,
+    send: torch.Tensor,
+    send_counts: list[int],
+    recv: torch.Tensor,
+    recv_counts: list[int],
+) -> None:
+    """One engine all-to-all between flat contiguous buffers."""
+    name = _check(send, "send buffer")
+    comm.all_to_all_v(
+        send.data_ptr(), _nbytes(send), send_counts,
+        recv.data_ptr(), _nbytes(recv), recv_counts, name,
+    )
+
+
+def all_to_all(
+    value: torch.Tensor,
+    split_dimension: int,
+    concat_dimension: int,
+    split_count: int,
+    groups: Optional[list[list[int]]] = None,
+    pin_layout: bool = True,
+) -> torch.Tensor:
+    """Performs an all-to-all: splits ``value`` into ``split_count`` blocks
+    along ``split_dimension``, sends block ``j`` to the ``j``-th replica of
+    the group, and concatenates the blocks received from every replica (in
+    replica order) along ``concat_dimension``.
+
+    Args:
+      value (torch.Tensor): The input tensor (contiguous, CPU).
+      split_dimension (int): The dimension to split; its size must be a
+        multiple of ``split_count``. Negative values count from the end.
+      concat_dimension (int): The dimension the received blocks are
+        concatenated along.
+      split_count (int): The number of blocks; must equal the group size.
+      groups (list, optional): A list of lists of replica ordinals; the
+        all-to-all runs independently inside each group. Example:
+        ``[[0, 1], [2, 3]]``. ``None`` means one group of every replica.
+      pin_layout (bool, optional): Accepted for compatibility; eager CPU
+        tensors have one layout.
+
+    Returns:
+      A new tensor whose ``split_dimension`` is ``split_count`` times smaller
+      and whose ``concat_dimension`` is ``split_count`` times larger (both
+      changes apply when the dimensions coincide, leaving it unchanged).
+
+    Example:
+      >>> # 2 ranks; rank r holds [[2r, 2r+1]] (shape 1x2)
+      >>> ringlet.all_to_all(x, split_dimension=1, concat_dimension=0, split_count=2)
+      >>> # rank 0 gets [[0], [2]], rank 1 gets [[1], [3]]
+    """
+    value = _as_tensor(value, "value")
+    comm = runtime._group(groups)
+    n = comm.size
+    split_count = _check_ints(split_count, "split_count")
+    if split_count != n:
+        raise ValueError(
+            f"rank {_rank()}: all_to_all split_count is {split_count} but the replica group "
+            f"has {n} members; they must be equal"
+        )
+    sd = _norm_dim(split_dimension, value.dim(), "all_to_all split_dimension")
+    cd = _norm_dim(concat_dimension, value.dim(), "all_to_all concat_dimension")
+    _check(value, "value")
+    if value.shape[sd] % n:
+        raise ValueError(
+            f"rank {_rank()}: all_to_all cannot split dimension {sd} of size "
+            f"{value.shape[sd]} into {n} equal blocks"
+        )
+    if n == 1:
+        return value.clone()
+    # Blocks become the leading dimension: one copy, then one engine call.
+    blocks = value.unflatten(sd, (n, value.shape[sd] // n)).movedim(sd, 0).contiguous()
+    received = torch.empty_like(blocks)
+    per = blocks[0].numel()
+    _exchange(comm, blocks, [per] * n, received, [per] * n)
+    return received.movedim(0, cd).flatten(cd, cd + 1)
+
+
+def all_to_all_v(
+    send: list[torch.Tensor],
+    recv: list[torch.Tensor],
+    groups: Optional[list[list[int]]] = None,
+) -> list[torch.Tensor]:
+    """All-to-all with blocks of any size (MPI's ``alltoallv``): ``send[j]``
+    goes to the ``j``-th replica of the group and ``recv[i]`` is filled from
+    the ``i``-th. A ringlet extension, not in ``xla_model``.
+
+    Args:
+      send (list): One tensor per group member, any shapes, one dtype.
+      recv (list): One preallocated tensor per group member, same dtype;
+        ``recv[i]`` must have as many elements as member ``i`` sends here.
+        Members that exchange nothing pass empty tensors.
+      groups (list, optional): Replica groups, as in :func:`all_reduce`.
+
+    Returns:
+      ``recv``, filled in place.
+
+    Raises:
+      CollectiveMismatchError: on every rank when a sender and a receiver
+        disagree about a block's size.
+
+    Example:
+      >>> # 2 ranks: rank 0 sends 1 element to itself and 2 to rank 1
+      >>> ringlet.all_to_all_v([torch.ones(1), torch.ones(2)], [torch.empty(1), torch.empty(3)])
+    """
+    comm = runtime._group(groups)
+    n = comm.size
+    for what, lst in (("send", send), ("recv", recv)):
+        if not isinstance(lst, (list, tuple)) or len(lst) != n:
+            raise ValueError(
+                f"rank {_rank()}: all_to_all_v needs a list of {n} {what} tensors "
+                f"(one per group member), got {lst!r:.80}"
+            )
+    sends = [_as_tensor(t, f"send[{i}]") for i, t in enumerate(send)]
+    recvs = [_as_tensor(t, f"recv[{i}]") for i, t in enumerate(recv)]
+    dtype = sends[0].dtype
+    for i, t in enumerate([*sends, *recvs]):
+        what = f"send[{i}]" if i < n else f"recv[{i - n}]"
+        _check(t, what)
+        if t.dtype != dtype:
+            raise TypeError(
+                f"rank {_rank()}: all_to_all_v tensors must share one dtype; {what} is "
+                f"{t.dtype}, send[0] is {dtype}"
+            )
+    flat_send = torch.cat([t.reshape(-1) for t in sends])
+    flat_recv = torch.empty(sum(t.numel() for t in recvs), dtype=dtype)
+    _exchange(comm, flat_send, [t.numel() for t in sends], flat_recv, [t.numel() for t in recvs])
+    offset = 0
+    for t in recvs:
+        t.view(-1).copy_(flat_recv[offset : offset + t.numel()])
+        offset += t.numel()
+    return recv
+
+
+def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Tensor:
+    """Performs a collective permute: for every ``(source, target)`` pair the
+    source replica's ``value`` is sent to the target replica. Every replica
+    calls it with the same ``pairs``; a replica that is no pair's target gets
+    zeros.
+
+    Args:
+      value (torch.Tensor): The input tensor (same shape and dtype on every
+        replica).
+      pairs (list): A list of ``(source_replica_id, target_replica_id)``
+        pairs; each replica is the source of at most one pair and the target
+        of at most one pair. Example: ``[[0, 1], [1, 2], [2, 0]]`` sends from
+        0 to 1, from 1 to 2 and from 2 to 0.
+
+    Returns:
+      A new tensor holding what this replica received.
+
+    Example:
+      >>> n = ringlet.world_size()
+      >>> ringlet.collective_permute(x, [[i, (i + 1) % n] for i in range(n)])
+    """
+    value = _as_tensor(value, "value")
+    _check(value, "value")
+    world = world_size()
+    me = _rank()
+    if not isinstance(pairs, (list, tuple)):
+        raise TypeError(f"rank {me}: pairs must be a list of [source, target] pairs")
+    sources: dict[int, int] = {}
+    targets: dict[int, int] = {}
+    for p in pairs:
+        if not isinstance(p, (list, tuple)) or len(p) != 2:
+            raise ValueError(f"rank {me}: collective_permute pair {p!r} is not [source, target]")
+        src, dst = (_check_ints(x, "a collective_permute replica id") for x in p)
+        for x in (src, dst):
+            if not 0 <= x < world:
+                raise ValueError(
+                    f"rank {me}: collective_permute pair {list(p)} names replica {x}, out of "
+                    f"range for world size {world}"
+                )
+        if src in sources:
+            raise ValueError(f"rank {me}: replica {src} is the source of two pairs in {pairs}")
+        if dst in targets:
+            raise ValueError(f"rank {me}: replica {dst} is the target of two pairs in {pairs}")
+        sources[src], targets[dst] = dst, src
+    out = torch.zeros_like(value, memory_format=torch.contiguous_format)
+    if world == 1:
+        if sources.get(0) == 0:
+            out.copy_(value)
+        return out
+    k = value.numel()
+    send_counts = [0] * world
+    recv_counts = [0] * world
+    if me in sources:
+        send_counts[sources[me]] = k
+    if me in targets:
+        recv_counts[targets[me]] = k
+    _exchange(
+        runtime._world(),
+        value if me in sources else value[:0].reshape(0),
+        send_counts,
+        out if me in targets else out.reshape(-1)[:0],
+        recv_counts,
+    )
+    return out
+
+
+def _check_peer(peer: Any, what: str) -> int:
+    peer = _check_ints(peer, what)
+    world, me = world_size(), _rank()
+    if not 0 <= peer < world:
+        raise ValueError(f"rank {me}: {what} {peer} is out of range for world size {world}")
+    if peer == me:
+        raise ValueError(f"rank {me}: {what} {peer} is this rank; a rank cannot message itself")
+    return peer
+
+
+def _check_tag(tag: Any) -> int:
+    tag = _check_ints(tag, "tag")
+    if not 0 <= tag < 2**31:
+        raise ValueError(f"rank {_rank()}: tag must be in [0, 2**31), got {tag}")
+    return tag
+
+
+def send(value: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
+    """Sends ``value`` to rank ``dst``; returns once ``dst`` has received it.
+
+    Messages between two ranks are matched in order: the n-th ``send`` to a
+    rank meets that rank's n-th ``recv`` from this one, and the two must agree
+    on size, dtype and tag (else both raise ``CollectiveMismatchError``).
+    torch_xla's ``send(value, channel_id)`` maps to ``send(value, dst,
+    tag=channel_id)``. Each pair of ranks gets its own connection the first
+    time it exchanges a message.
+
+    Args:
+      value (torch.Tensor): The tensor to send (contiguous, CPU).
+      dst (int): The destination rank.
+      tag (int, optional): A label both sides must agree on, in
+        ``[0, 2**31)``. Default: 0
+
+    Returns:
+      ``value`` itself, as torch_xla's ``send`` returns its input.
+
+    Example:
+      >>> if ringlet.get_ordinal() == 0:
+      ...     ringlet.send(torch.arange(4.0), dst=1)
+      ... else:
+      ...     ringlet.recv(torch.empty(4), src=0)
+    """
+    value = _as_tensor(value, "value")
+    name = _check(value, "value")
+    dst, tag = _check_peer(dst, "destination rank"), _check_tag(tag)
+    comm, peer = runtime._pair(dst)
+    comm.send(value.data_ptr(), _nbytes(value), name, peer, tag)
+    return value
+
+
+def recv(output: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+    """Receives into ``output`` the tensor rank ``src`` sends with ``tag``.
+
+    Args:
+      output (torch.Tensor): A contiguous CPU tensor with the size and dtype of
+        the message; filled in place.
+      src (int): The source rank.
+      tag (int, optional): Must equal the sender's tag. Default: 0
+
+    Returns:
+      ``output``.
+
+    Example:
+      >>> buf = ringlet.recv(torch.empty(4), src=0)
+    """
+    output = _as_tensor(output, "output")
+    name = _check(output, "output")
+    src, tag = _check_peer(src, "source rank"), _check_tag(tag)
+    comm, peer = runtime._pair(src)
+    comm.recv(output.data_ptr(), _nbytes(output), name, peer, tag)
+    return output

@@ -47,6 +47,7 @@ class _State:
     prefix: str = ""
     addr: str = "127.0.0.1"
     groups: dict[tuple[tuple[int, ...], ...], _core.Communicator] = field(default_factory=dict)
+    pairs: dict[int, _core.Communicator] = field(default_factory=dict)
 
 
 _state: Optional[_State] = None
@@ -216,7 +217,7 @@ def shutdown() -> None:
         state, _state = _state, None
     if state is None:
         return
-    for comm in state.groups.values():
+    for comm in [*state.groups.values(), *state.pairs.values()]:
         comm.close()
     state.comm.close()
 
@@ -327,6 +328,26 @@ def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
                 )
             state.groups[key] = comm
     return comm
+
+
+def _pair(peer: int) -> tuple[_core.Communicator, int]:
+    """The two-rank communicator shared with ``peer`` (connected by the two
+    ranks the first time either needs it; cached) and ``peer``'s rank in it."""
+    state = _require()
+    lo, hi = sorted((state.rank, peer))
+    with _lock:
+        comm = state.pairs.get(peer)
+        if comm is None:
+            comm, _ = _connect(
+                state.store,
+                f"{state.prefix}/pair/{lo}-{hi}",
+                0 if state.rank == lo else 1,
+                2,
+                state.addr,
+                state.timeout,
+            )
+            state.pairs[peer] = comm
+    return comm, 1 if state.rank == lo else 0
 
 
 def _validate_groups(groups: Any, world: int, rank: int) -> tuple[tuple[int, ...], ...]:

@@ -297,6 +297,61 @@ impl Communicator {
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_v(
+        &self,
+        py: Python<'_>,
+        in_ptr: usize,
+        in_nbytes: usize,
+        send_counts: Vec<usize>,
+        out_ptr: usize,
+        out_nbytes: usize,
+        recv_counts: Vec<usize>,
+        dtype_name: &str,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let (i, o) = in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
+        // SAFETY: as in all_gather.
+        self.with(py, move |c| {
+            c.all_to_all_v(
+                unsafe { i.slice() },
+                &send_counts,
+                unsafe { o.slice_mut() },
+                &recv_counts,
+                d,
+            )
+        })
+    }
+
+    fn send(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        peer: usize,
+        tag: u32,
+    ) -> PyResult<()> {
+        let (d, buf) = (dtype(dtype_name)?, RawBuf::new(ptr, nbytes)?);
+        // SAFETY: a contiguous CPU tensor kept alive by the Python wrapper for
+        // the whole call; only read.
+        self.with(py, move |c| c.send(unsafe { buf.slice() }, d, peer, tag))
+    }
+
+    fn recv(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        peer: usize,
+        tag: u32,
+    ) -> PyResult<()> {
+        let (d, buf) = (dtype(dtype_name)?, RawBuf::new(ptr, nbytes)?);
+        // SAFETY: as in all_reduce.
+        self.with(py, move |c| c.recv(unsafe { buf.slice_mut() }, d, peer, tag))
+    }
+
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |c| c.barrier())
     }

@@ -32,66 +32,105 @@ impl Communicator {
             let desc = c.next_desc(OpKind::Broadcast, dtype, None, count, root);
             match &mut c.link {
                 Link::Local => Ok(()),
-                Link::Shm { shm, .. } => shm_broadcast(shm, &c.cfg, desc, buf, dtype, root),
+                Link::Shm { shm, .. } => {
+                    let side = Side::of(shm.rank() == root, buf);
+                    shm_broadcast(shm, &c.cfg, desc, side, dtype, root)
+                }
                 Link::Tcp(mesh) => {
                     mesh.agree(&desc, c.cfg.timeout)?;
-                    tcp_broadcast(mesh, &c.cfg, buf, root)
+                    let side = Side::of(mesh.rank() == root, buf);
+                    tcp_broadcast(mesh, &c.cfg, side, root, OP)
                 }
             }
         })
     }
 }
 
-fn shm_broadcast(
+/// One rank's part in a one-to-all copy: the root only reads its buffer,
+/// everyone else only writes theirs.
+pub(super) enum Side<'a> {
+    Root(&'a [u8]),
+    Leaf(&'a mut [u8]),
+}
+
+impl<'a> Side<'a> {
+    pub(super) fn of(is_root: bool, buf: &'a mut [u8]) -> Self {
+        if is_root {
+            Side::Root(buf)
+        } else {
+            Side::Leaf(buf)
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Side::Root(b) => b.len(),
+            Side::Leaf(b) => b.len(),
+        }
+    }
+}
+
+/// Copies the root's buffer into every other rank's (shared memory).
+pub(super) fn shm_broadcast(
     shm: &mut ShmGroup,
     cfg: &Config,
     mut desc: OpDesc,
-    buf: &mut [u8],
+    mut side: Side<'_>,
     dtype: DType,
     root: usize,
 ) -> Result<()> {
-    let me = shm.rank();
-    if shm.cma() && buf.len() >= cfg.cma_threshold {
-        desc.addr = buf.as_ptr() as u64;
+    let op = desc.kind.name();
+    if shm.cma() && side.len() >= cfg.cma_threshold {
+        if let Side::Root(b) = &side {
+            desc.addr = b.as_ptr() as u64;
+        }
         shm.next_half();
         shm.arrive(&desc)?;
-        if me != root {
+        if let Side::Leaf(b) = &mut side {
             let addr = shm.peer_desc(root)?.addr;
-            shm.read_peer(root, addr, buf, OP)?;
+            shm.read_peer(root, addr, b, op)?;
         }
-        return shm.sync(OP);
+        return shm.sync(op);
     }
-    for (k, piece) in pieces(buf.len(), shm.half_bytes(), dtype.size())
+    for (k, piece) in pieces(side.len(), shm.half_bytes(), dtype.size())
         .into_iter()
         .enumerate()
     {
         shm.next_half();
-        if me == root {
-            shm.put(0, &buf[piece.clone()]);
+        if let Side::Root(b) = &side {
+            shm.put(0, &b[piece.clone()]);
         }
         if k == 0 {
             shm.arrive(&desc)?;
         } else {
-            shm.sync(OP)?;
+            shm.sync(op)?;
         }
-        if me != root {
-            shm.get(root, 0, &mut buf[piece]);
+        if let Side::Leaf(b) = &mut side {
+            shm.get(root, 0, &mut b[piece]);
         }
     }
     Ok(())
 }
 
-fn tcp_broadcast(mesh: &TcpMesh, cfg: &Config, buf: &mut [u8], root: usize) -> Result<()> {
-    if buf.is_empty() {
-        return Ok(());
-    }
-    if mesh.rank() == root {
-        let mut x: Vec<Xfer> = (0..mesh.size())
-            .filter(|&j| j != root)
-            .map(|j| Xfer::send(j, buf))
-            .collect();
-        mesh.transfer(&mut x, OP, cfg.timeout)
-    } else {
-        mesh.transfer(&mut [Xfer::recv(root, buf)], OP, cfg.timeout)
+/// Copies the root's buffer into every other rank's (TCP).
+pub(super) fn tcp_broadcast(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    side: Side<'_>,
+    root: usize,
+    op: &'static str,
+) -> Result<()> {
+    match side {
+        Side::Root(b) if !b.is_empty() => {
+            let mut x: Vec<Xfer> = (0..mesh.size())
+                .filter(|&j| j != root)
+                .map(|j| Xfer::send(j, b))
+                .collect();
+            mesh.transfer(&mut x, op, cfg.timeout)
+        }
+        Side::Leaf(b) if !b.is_empty() => {
+            mesh.transfer(&mut [Xfer::recv(root, b)], op, cfg.timeout)
+        }
+        _ => Ok(()),
     }
 }

@@ -11,9 +11,11 @@
 
 mod all_gather;
 mod all_reduce;
+mod all_to_all;
 mod barrier;
 mod broadcast;
 mod reduce_scatter;
+mod send_recv;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};

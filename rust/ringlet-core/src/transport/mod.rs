@@ -25,6 +25,7 @@ pub enum OpKind {
     Broadcast = 4,
     Barrier = 5,
     AllToAll = 6,
+    SendRecv = 7,
 }
 
 impl OpKind {
@@ -37,6 +38,7 @@ impl OpKind {
             OpKind::Broadcast => "broadcast",
             OpKind::Barrier => "barrier",
             OpKind::AllToAll => "all_to_all",
+            OpKind::SendRecv => "send/recv",
         }
     }
 
@@ -48,6 +50,7 @@ impl OpKind {
             OpKind::Broadcast,
             OpKind::Barrier,
             OpKind::AllToAll,
+            OpKind::SendRecv,
         ]
         .into_iter()
         .find(|k| *k as u64 == code)
@@ -116,6 +119,10 @@ impl OpDesc {
         }
         if self.kind == OpKind::Broadcast {
             s += &format!(", root={}", self.root);
+        }
+        if self.kind == OpKind::SendRecv {
+            // `root` packs the sender's rank (low bit) and the tag.
+            s += &format!(", from rank {}, tag={}", self.root & 1, self.root >> 1);
         }
         s + ")"
     }

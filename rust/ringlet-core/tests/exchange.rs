@@ -1,0 +1,198 @@
+//! All-to-all with per-peer counts and point-to-point send/recv over every
+//! transport mode: block sizes of zero, one, odd and several slot windows,
+//! checked byte for byte; disagreeing sizes and tags fail on both sides.
+
+use ringlet_core::testing::{local_group, run_ranks};
+use ringlet_core::{Config, DType, Error};
+use std::time::Duration;
+
+fn modes() -> Vec<(&'static str, Config)> {
+    let base = Config {
+        timeout: Duration::from_secs(20),
+        slot_bytes: 4 << 10, // tiny slots: many windows per send buffer
+        small_bytes: 1 << 10,
+        cma_threshold: 8 << 10,
+        ..Config::default()
+    };
+    vec![
+        ("shm+cma", base.clone()),
+        (
+            "shm",
+            Config {
+                cma: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "tcp",
+            Config {
+                force_tcp: true,
+                ..base
+            },
+        ),
+    ]
+}
+
+/// Elements rank i sends to rank j (zero for some pairs, large for others).
+fn count(i: usize, j: usize, scale: usize) -> usize {
+    match (i * 3 + j * 5) % 4 {
+        0 => 0,
+        1 => 1,
+        2 => 7 * scale,
+        _ => 1000 * scale + i,
+    }
+}
+
+/// The value of element k of the block from rank i to rank j.
+fn value(i: usize, j: usize, k: usize) -> i32 {
+    (i * 1_000_000 + j * 10_000 + k) as i32
+}
+
+#[test]
+fn all_to_all_v_every_mode_and_size() {
+    for (name, cfg) in modes() {
+        for p in 1..=4 {
+            let mut comms = local_group(p, &cfg).unwrap();
+            for scale in [1, 3] {
+                let got = run_ranks(&mut comms, |r, c| {
+                    let sc: Vec<usize> = (0..p).map(|j| count(r, j, scale)).collect();
+                    let rc: Vec<usize> = (0..p).map(|i| count(i, r, scale)).collect();
+                    let send: Vec<i32> = (0..p)
+                        .flat_map(|j| (0..sc[j]).map(move |k| value(r, j, k)))
+                        .collect();
+                    let mut recv = vec![-1i32; rc.iter().sum()];
+                    c.all_to_all_v(
+                        bytemuck::cast_slice(&send),
+                        &sc,
+                        bytemuck::cast_slice_mut(&mut recv),
+                        &rc,
+                        DType::I32,
+                    )
+                    .map(|()| recv)
+                });
+                for (r, g) in got.into_iter().enumerate() {
+                    let want: Vec<i32> = (0..p)
+                        .flat_map(|i| (0..count(i, r, scale)).map(move |k| value(i, r, k)))
+                        .collect();
+                    assert_eq!(g.unwrap(), want, "{name} p={p} scale={scale} rank {r}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn all_to_all_v_disagreeing_sizes_fail_everywhere_and_recover() {
+    for (name, cfg) in modes() {
+        let mut comms = local_group(3, &cfg).unwrap();
+        let got = run_ranks(&mut comms, |r, c| {
+            // Rank 2 expects 2 elements from rank 0, which sends 1.
+            let sc = [1usize, 1, 1];
+            let rc = if r == 2 { [2usize, 1, 1] } else { [1, 1, 1] };
+            let send = [0u8; 3];
+            let mut recv = vec![0u8; rc.iter().sum()];
+            c.all_to_all_v(&send, &sc, &mut recv, &rc, DType::U8)
+        });
+        for (r, g) in got.iter().enumerate() {
+            match g {
+                Err(Error::Mismatch { rank, detail }) => {
+                    assert_eq!(*rank, r);
+                    assert!(
+                        detail.contains("rank 0 sends 1 elements to rank 2, which expects 2"),
+                        "{name}: {detail}"
+                    );
+                }
+                other => panic!("{name}: rank {r} got {other:?}"),
+            }
+        }
+        let got = run_ranks(&mut comms, |r, c| {
+            let send = [r as u8; 3];
+            let mut recv = [9u8; 3];
+            c.all_to_all_v(&send, &[1, 1, 1], &mut recv, &[1, 1, 1], DType::U8)
+                .map(|()| recv)
+        });
+        for g in got {
+            assert_eq!(g.unwrap(), [0, 1, 2], "{name}");
+        }
+    }
+}
+
+#[test]
+fn all_to_all_v_checks_its_arguments() {
+    let mut comms = local_group(1, &Config::default()).unwrap();
+    let c = &mut comms[0];
+    let mut out = [0u8; 4];
+    for (sc, rc) in [(vec![1usize, 1], vec![4usize]), (vec![3], vec![4])] {
+        let e = c
+            .all_to_all_v(&[0u8; 4], &sc, &mut out, &rc, DType::U8)
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    }
+}
+
+#[test]
+fn send_recv_in_order_with_tags() {
+    for (name, cfg) in modes() {
+        let mut comms = local_group(2, &cfg).unwrap();
+        for len in [0usize, 1, 13, 3000, 20_000] {
+            let got = run_ranks(&mut comms, |r, c| {
+                let msg: Vec<i64> = (0..len as i64).map(|k| k * 3 - 7).collect();
+                if r == 0 {
+                    c.send(bytemuck::cast_slice(&msg), DType::I64, 1, 5)?;
+                    let mut back = vec![0i64; len];
+                    c.recv(bytemuck::cast_slice_mut(&mut back), DType::I64, 1, 6)?;
+                    Ok(back)
+                } else {
+                    let mut got = vec![0i64; len];
+                    c.recv(bytemuck::cast_slice_mut(&mut got), DType::I64, 0, 5)?;
+                    let doubled: Vec<i64> = got.iter().map(|x| x * 2).collect();
+                    c.send(bytemuck::cast_slice(&doubled), DType::I64, 0, 6)?;
+                    Ok::<_, Error>(got)
+                }
+            });
+            let want: Vec<i64> = (0..len as i64).map(|k| k * 3 - 7).collect();
+            assert_eq!(got[1].as_ref().unwrap(), &want, "{name} len={len}");
+            let doubled: Vec<i64> = want.iter().map(|x| x * 2).collect();
+            assert_eq!(got[0].as_ref().unwrap(), &doubled, "{name} len={len}");
+        }
+        // A tag or size disagreement fails on both sides; the pair recovers.
+        let got = run_ranks(&mut comms, |r, c| {
+            let mut b = [0u8; 4];
+            if r == 0 {
+                c.send(&b, DType::U8, 1, 1)
+            } else {
+                c.recv(&mut b, DType::U8, 0, 2)
+            }
+        });
+        for g in &got {
+            match g {
+                Err(Error::Mismatch { detail, .. }) => {
+                    assert!(
+                        detail.contains("tag=1") && detail.contains("tag=2"),
+                        "{detail}"
+                    )
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let got = run_ranks(&mut comms, |r, c| {
+            let mut b = [r as u8 + 1; 4];
+            if r == 0 {
+                c.send(&b, DType::U8, 1, 0).map(|()| b)
+            } else {
+                c.recv(&mut b, DType::U8, 0, 0).map(|()| b)
+            }
+        });
+        assert_eq!(got[1].as_ref().unwrap(), &[1u8; 4], "{name}");
+    }
+}
+
+#[test]
+fn send_recv_needs_a_pair() {
+    let mut comms = local_group(3, &Config::default()).unwrap();
+    let e = comms[0].send(&[0u8; 4], DType::U8, 1, 0).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    let mut one = local_group(1, &Config::default()).unwrap();
+    let e = one[0].send(&[0u8; 4], DType::U8, 0, 0).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+}
