@@ -29,6 +29,9 @@ use crate::transport::{OpDesc, OpKind};
 
 const OP: &str = "all_reduce";
 
+/// Received bytes reduced at a time while a TCP ring step is in flight.
+const OVERLAP_BATCH: usize = 128 << 10;
+
 impl Communicator {
     /// Reduces `buf` (elements of `dtype`) across all ranks, in place.
     pub fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
@@ -194,13 +197,33 @@ pub(crate) fn ring_reduce_scatter(
     for s in 0..p - 1 {
         let send = part_bytes(count, p, (r + p - s + shift) % p, esz);
         let recv = part_bytes(count, p, (r + 2 * p - s - 1 + shift) % p, esz);
-        let incoming = &mut tmp[..recv.len()];
-        mesh.transfer(
-            &mut [Xfer::send(next, &buf[send]), Xfer::recv(prev, incoming)],
+        let len = recv.len();
+        let (out, dst) = split_ref_mut(buf, send, recv);
+        // Reduce what has arrived while the rest is still in flight, in
+        // batches big enough to amortise the call.
+        let mut reduced = 0;
+        mesh.transfer_with(
+            &mut [Xfer::send(next, out), Xfer::recv(prev, &mut tmp[..len])],
             OP,
             cfg.timeout,
+            |x| {
+                let got = x[1].received();
+                let upto = got.len() - got.len() % esz;
+                if upto - reduced >= OVERLAP_BATCH || upto == len {
+                    reduce::reduce_inplace(
+                        dtype,
+                        op,
+                        &mut dst[reduced..upto],
+                        &[&got[reduced..upto]],
+                    )?;
+                    reduced = upto;
+                }
+                Ok(())
+            },
         )?;
-        reduce::reduce_inplace(dtype, op, &mut buf[recv], &[incoming])?;
+        if reduced < len {
+            reduce::reduce_inplace(dtype, op, &mut dst[reduced..], &[&tmp[reduced..len]])?;
+        }
     }
     Ok(())
 }

@@ -46,6 +46,14 @@ impl<'a> Xfer<'a> {
         }
     }
 
+    /// The bytes a receive has filled so far (empty for a send).
+    pub fn received(&self) -> &[u8] {
+        match self {
+            Xfer::Recv { buf, done, .. } => &buf[..*done],
+            Xfer::Send { .. } => &[],
+        }
+    }
+
     fn finished(&self) -> bool {
         match self {
             Xfer::Send { buf, done, .. } => *done == buf.len(),
@@ -181,11 +189,27 @@ impl TcpMesh {
         op: &'static str,
         timeout: Duration,
     ) -> Result<()> {
+        self.transfer_with(xfers, op, timeout, |_| Ok(()))
+    }
+
+    /// `transfer`, calling `after(xfers)` whenever bytes moved (and once at
+    /// the end), so the caller can work on data as it arrives (a ring step
+    /// reduces the received prefix while the rest is still in flight).
+    pub fn transfer_with(
+        &self,
+        xfers: &mut [Xfer<'_>],
+        op: &'static str,
+        timeout: Duration,
+        mut after: impl FnMut(&[Xfer<'_>]) -> Result<()>,
+    ) -> Result<()> {
         let mut last_progress = Instant::now();
         loop {
             let mut progressed = false;
             for x in xfers.iter_mut() {
                 progressed |= self.progress(x, op)?;
+            }
+            if progressed {
+                after(xfers)?;
             }
             if xfers.iter().all(Xfer::finished) {
                 return Ok(());
