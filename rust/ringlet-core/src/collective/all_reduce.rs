@@ -8,10 +8,11 @@
 //! * staged (medium, or no cross-memory attach): pieces of half a slot. Per
 //!   piece, rank r owns part r: it reduces part r of every slot into its own
 //!   slot (phase), then every rank copies each owner's part out (phase).
-//! * single-copy (large, cross-memory attach): rank r reads part r of each
-//!   peer's buffer, 256 KiB at a time, into a cache-resident scratch and
-//!   reduces it into its own buffer (phase), then copies every other part
-//!   straight out of its owner's buffer (phase, after which buffers are free).
+//! * single-copy (large, cross-memory attach): in rounds of 256 KiB per
+//!   part, rank r reads its piece of part r from each peer's buffer into a
+//!   cache-resident scratch and reduces it into its own buffer (phase), then
+//!   copies every other rank's freshly reduced piece straight out of its
+//!   owner's buffer; a last phase frees the buffers.
 //!
 //! TCP: small messages are exchanged with every peer and reduced locally in
 //! rank order; larger ones use a ring reduce-scatter then a ring all-gather
@@ -75,24 +76,33 @@ fn shm_all_reduce(
         let addrs: Vec<u64> = (0..p)
             .map(|j| shm.peer_desc(j).map(|d| d.addr))
             .collect::<Result<_>>()?;
-        let mine = part_bytes(count, p, r, esz);
+        // Round k covers piece k of every rank's part: the owner reduces its
+        // piece, one phase, then everyone copies the freshly reduced pieces
+        // while they are still in the owners' caches.
+        let parts: Vec<_> = (0..p).map(|j| part_bytes(count, p, j, esz)).collect();
         let piece = (CMA_PIECE / esz) * esz;
+        let rounds = parts[0].len().div_ceil(piece).max(1);
         let mut tmp = scratch((p - 1) * piece);
         let tmp: &mut [u8] = bytemuck::cast_slice_mut(&mut tmp);
-        for range in pieces(mine.len(), piece, esz) {
-            let len = range.len();
-            let at = mine.start + range.start;
+        let in_round = |j: usize, k: usize| {
+            let part = &parts[j];
+            let start = (part.start + k * piece).min(part.end);
+            start..(start + piece).min(part.end)
+        };
+        for k in 0..rounds {
+            let own = in_round(r, k);
+            let len = own.len();
             let mut slots: Vec<&mut [u8]> = tmp.chunks_mut(piece).map(|c| &mut c[..len]).collect();
             for (slot, j) in slots.iter_mut().zip((0..p).filter(|&j| j != r)) {
-                shm.read_peer(j, addrs[j] + at as u64, slot, OP)?;
+                shm.read_peer(j, addrs[j] + own.start as u64, slot, OP)?;
             }
             let srcs: Vec<&[u8]> = slots.iter().map(|s| &**s).collect();
-            reduce::reduce_inplace(dtype, op, &mut buf[at..at + len], &srcs)?;
-        }
-        shm.sync(OP)?;
-        for j in (0..p).filter(|&j| j != r) {
-            let theirs = part_bytes(count, p, j, esz);
-            shm.read_peer(j, addrs[j] + theirs.start as u64, &mut buf[theirs], OP)?;
+            reduce::reduce_inplace(dtype, op, &mut buf[own], &srcs)?;
+            shm.sync(OP)?;
+            for j in (0..p).filter(|&j| j != r) {
+                let theirs = in_round(j, k);
+                shm.read_peer(j, addrs[j] + theirs.start as u64, &mut buf[theirs], OP)?;
+            }
         }
         return shm.sync(OP);
     }
