@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import torch
@@ -72,6 +72,16 @@ __all__ = [
     "normalize_partition_spec",
     "set_global_mesh",
     "shard_indices",
+    # eager sharded tensors, defined in ringlet.sharded_tensor
+    "XLAShard",
+    "XLAShardedTensor",
+    "clear_sharding",
+    "disable_manual_sharding",
+    "enable_manual_sharding",
+    "mark_sharding",
+    "unwrap_sharded_tensor",
+    "wrap_as_sharded_tensor",
+    "wrap_if_sharded",
 ]
 
 #: A mesh axis, given by position or by name.
@@ -1266,3 +1276,34 @@ def assemble_shards(shards: Sequence[torch.Tensor], global_shape: Sequence[int],
             out[info.indices] = shard[tuple(
                 slice(0, n) for n in info.unpadded_shape)]
     return out
+
+
+# Eager sharded tensors build on the algebra above and live in ringlet.sharded_tensor; they are
+# served from here lazily (PEP 562) so that either module can be imported first.
+_SHARDED_TENSOR_NAMES = frozenset({
+    "XLAShard", "XLAShardedTensor", "clear_sharding", "disable_manual_sharding",
+    "enable_manual_sharding", "mark_sharding", "unwrap_sharded_tensor",
+    "wrap_as_sharded_tensor", "wrap_if_sharded",
+})
+
+
+if TYPE_CHECKING:
+    from .sharded_tensor import (
+        XLAShard,
+        XLAShardedTensor,
+        clear_sharding,
+        disable_manual_sharding,
+        enable_manual_sharding,
+        mark_sharding,
+        unwrap_sharded_tensor,
+        wrap_as_sharded_tensor,
+        wrap_if_sharded,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SHARDED_TENSOR_NAMES:
+        from . import sharded_tensor
+
+        return getattr(sharded_tensor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,7 +3,9 @@
 The mapping classes follow the model of Megatron-Core's ``dist_checkpointing``:
 wrap each local tensor in a :class:`ShardedTensor` (usually with
 :meth:`ShardedTensor.from_rank_offsets`), then call :func:`save` on every rank.
-:func:`load` reads the checkpoint back into any other layout.
+:func:`load` reads the checkpoint back into any other layout. A module whose
+parameters are sharded with :func:`ringlet.sharding.mark_sharding` is
+checkpointed with ``save(sharded_state_dict(module), dir)``.
 
 Example:
     >>> import torch, tempfile
@@ -15,6 +17,7 @@ Example:
 """
 
 from .core import CheckpointingException
+from .integration import sharded_state_dict, sharded_tensor_mapping
 from .mapping import (
     CommonStateDict,
     FactoryBuildFn,
@@ -69,4 +72,6 @@ __all__ = [
     "load_tensors_metadata",
     "parse_strict_flag",
     "save",
+    "sharded_state_dict",
+    "sharded_tensor_mapping",
 ]

@@ -1,0 +1,438 @@
+"""Eager sharded tensors on real processes: layouts, round trips, resharding, manual sharding.
+
+Each multi-process test launches 4 ranks once and runs many cases inside, to
+keep the file short on small machines. Expected shards are computed here with
+plain torch slicing (an independent re-statement of the layout rules, plus
+hand-worked literals), never with the algebra under test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import math
+import os
+import traceback
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import ringlet
+from ringlet import sharded_tensor as stm
+from ringlet.sharding import (
+    Mesh,
+    ShardingType,
+    XLAShardedTensor,
+    clear_sharding,
+    disable_manual_sharding,
+    enable_manual_sharding,
+    mark_sharding,
+    set_global_mesh,
+    unwrap_sharded_tensor,
+    wrap_as_sharded_tensor,
+    wrap_if_sharded,
+)
+
+from conftest import launch
+
+MESH_SHAPES = [(4,), (2, 2), (1, 4)]
+SPECS_2D = [(0, None), (None, 1), ((0, 1), None), (1, 0), (None, None)]
+SPECS_1D = [(0, None), (None, 0), (None, None)]
+SHAPES = [(7, 5), (8, 4)]
+
+# Hand-worked layouts of a 7 x 5 tensor on the (2, 2) mesh [[0, 1], [2, 3]] and the
+# (1, 4) mesh [[0, 1, 2, 3]]: rank -> (row slice, column slice, padded shape, replica id).
+HAND_WORKED: dict[tuple[tuple[int, ...], Any], dict[int, tuple[Any, ...]]] = {
+    ((2, 2), ((0, 1), None)): {
+        0: ((0, 2), (0, 5), (2, 5), 0),
+        1: ((2, 4), (0, 5), (2, 5), 0),
+        2: ((4, 6), (0, 5), (2, 5), 0),
+        3: ((6, 7), (0, 5), (2, 5), 0),
+    },
+    ((2, 2), (1, 0)): {
+        0: ((0, 4), (0, 3), (4, 3), 0),
+        1: ((4, 7), (0, 3), (4, 3), 0),
+        2: ((0, 4), (3, 5), (4, 3), 0),
+        3: ((4, 7), (3, 5), (4, 3), 0),
+    },
+    ((2, 2), (0, None)): {
+        0: ((0, 4), (0, 5), (4, 5), 0),
+        1: ((0, 4), (0, 5), (4, 5), 1),
+        2: ((4, 7), (0, 5), (4, 5), 0),
+        3: ((4, 7), (0, 5), (4, 5), 1),
+    },
+    ((1, 4), (None, 1)): {
+        0: ((0, 7), (0, 2), (7, 2), 0),
+        1: ((0, 7), (2, 4), (7, 2), 0),
+        2: ((0, 7), (4, 5), (7, 2), 0),
+        3: ((0, 7), (5, 5), (7, 2), 0),  # wholly padding
+    },
+    ((1, 4), (0, None)): {r: ((0, 7), (0, 5), (7, 5), r) for r in range(4)},
+}
+
+
+def specs_for(mesh_shape: tuple[int, ...]) -> list[Any]:
+    return SPECS_1D if len(mesh_shape) == 1 else SPECS_2D
+
+
+def make_mesh(mesh_shape: tuple[int, ...]) -> Mesh:
+    return Mesh(list(range(math.prod(mesh_shape))), mesh_shape)
+
+
+def full_tensor(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    t = torch.arange(1, math.prod(shape) + 1, dtype=torch.float64).reshape(shape) * 1.5
+    return t.to(dtype) if dtype != torch.bool else (t.long() % 3 == 0)
+
+
+def ref_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...], spec: Any,
+               rank: int) -> tuple[tuple[slice, ...], tuple[int, ...], int]:
+    """(slices into the global tensor, padded shard shape, replica id) by the rules of the issue."""
+    grid = np.arange(math.prod(mesh_shape)).reshape(mesh_shape)
+    coords = [int(c) for c in np.argwhere(grid == rank)[0]]
+    slices, padded, used = [], [], set()
+    for n, entry in zip(shape, spec):
+        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        used.update(axes)
+        parts, idx = 1, 0
+        for a in axes:
+            parts *= mesh_shape[a]
+            idx = idx * mesh_shape[a] + coords[a]
+        chunk = -(-n // parts)
+        lo = min(idx * chunk, n)
+        slices.append(slice(lo, min(lo + chunk, n)))
+        padded.append(chunk)
+    same = [r for r in range(grid.size)
+            if all(np.argwhere(grid == r)[0][a] == coords[a] for a in used)]
+    replica = same.index(rank) if len(same) > 1 else 0
+    return tuple(slices), tuple(padded), replica
+
+
+def expected_shard(full: torch.Tensor, mesh_shape: tuple[int, ...], spec: Any,
+                   rank: int) -> torch.Tensor:
+    slices, padded, _ = ref_layout(tuple(full.shape), mesh_shape, spec, rank)
+    out = torch.zeros(padded, dtype=full.dtype)
+    out[tuple(slice(0, s.stop - s.start) for s in slices)] = full[slices]
+    return out
+
+
+def expected_received(shape: tuple[int, ...], src: tuple[Any, Any], dst: tuple[Any, Any],
+                      rank: int) -> int:
+    """Elements this rank must receive: what it needs minus what it already stores."""
+    have = torch.zeros(shape, dtype=torch.bool)
+    need = torch.zeros(shape, dtype=torch.bool)
+    have[ref_layout(shape, src[0], src[1], rank)[0]] = True
+    need[ref_layout(shape, dst[0], dst[1], rank)[0]] = True
+    return int((need & ~have).sum())
+
+
+class ExchangeSpy:
+    """Wraps the module's single data-movement function and counts what it receives."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self._orig = stm._exchange
+
+    def __call__(self, send: list[torch.Tensor], recv: list[torch.Tensor]) -> None:
+        self.calls.append(sum(r.numel() for r in recv))
+        self._orig(send, recv)
+
+    def __enter__(self) -> ExchangeSpy:
+        stm._exchange = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stm._exchange = self._orig
+
+
+def check_layout(st: XLAShardedTensor, full: torch.Tensor, mesh_shape: tuple[int, ...],
+                 spec: Any, rank: int, what: str) -> None:
+    slices, padded, replica = ref_layout(tuple(full.shape), mesh_shape, spec, rank)
+    shards = st.local_shards
+    assert len(shards) == 1, what
+    shard = shards[0]
+    assert shard.indices == slices, f"{what}: indices {shard.indices} != {slices}"
+    assert tuple(shard.data.shape) == padded, f"{what}: padded shape {shard.data.shape}"
+    assert shard.replica_id == replica, f"{what}: replica {shard.replica_id} != {replica}"
+    assert torch.equal(shard.data, expected_shard(full, mesh_shape, spec, rank)), what
+    assert torch.equal(shard.unpadded_data, full[slices]), what
+    assert st.global_shape == full.shape and st.shape == full.shape, what
+    assert st.dtype == full.dtype, what
+
+
+def sweep(rank: int, world: int, quick: bool) -> int:
+    """Layouts, round trips and every reshard; returns the number of cases checked."""
+    return _sweep(rank, quick)
+
+
+def _sweep(rank: int, quick: bool) -> int:
+    checked = 0
+    mesh_shapes = [(2, 2)] if quick else MESH_SHAPES
+    shapes = [(7, 5)] if quick else SHAPES
+    for mesh_shape, shape in itertools.product(mesh_shapes, shapes):
+        mesh = make_mesh(mesh_shape)
+        full = full_tensor(shape)
+        specs = specs_for(mesh_shape)
+        sharded = {}
+        for spec in specs:
+            what = f"rank {rank} mesh {mesh_shape} shape {shape} spec {spec}"
+            st = mark_sharding(full, mesh, spec)
+            check_layout(st, full, mesh_shape, spec, rank, what)
+            hand = HAND_WORKED.get((mesh_shape, spec)) if shape == (7, 5) else None
+            if hand is not None:
+                rows, cols, padded, replica = hand[rank]
+                shard = st.local_shards[0]
+                assert shard.indices == (slice(*rows), slice(*cols)), what
+                assert tuple(shard.data.shape) == padded and shard.replica_id == replica, what
+            assert st.sharding_type == mesh.get_op_sharding(spec).sharding_type, what
+            assert torch.equal(st.global_tensor, full), f"{what}: global round trip"
+            assert torch.equal(clear_sharding(st), full), what
+            # from local shards: unpadded and padded, with and without the global shape
+            slices = ref_layout(shape, mesh_shape, spec, rank)[0]
+            again = mark_sharding(full[slices].clone(), mesh, spec, from_local_shards=True,
+                                  global_shape=shape)
+            check_layout(again, full, mesh_shape, spec, rank, what + " from_local_shards")
+            padded_again = XLAShardedTensor.from_local_shards(
+                st.local_shards, mesh, spec, shape)
+            assert torch.equal(padded_again.global_tensor, full), what
+            sharded[spec] = st
+            checked += 1
+        # every pair of specs, bytes moved = what is needed and not already held
+        for src, dst in itertools.product(specs, specs):
+            what = f"rank {rank} mesh {mesh_shape} shape {shape} reshard {src} -> {dst}"
+            with ExchangeSpy() as spy:
+                out = sharded[src].reshard(dst)
+            check_layout(out, full, mesh_shape, dst, rank, what)
+            assert torch.equal(out.global_tensor, full), what
+            want = expected_received(shape, (mesh_shape, src), (mesh_shape, dst), rank)
+            assert sum(spy.calls) == want, f"{what}: received {spy.calls}, expected {want}"
+            everyone = [
+                expected_received(shape, (mesh_shape, src), (mesh_shape, dst), r)
+                for r in range(4)
+            ]
+            assert len(spy.calls) == (1 if any(everyone) else 0), f"{what}: {spy.calls}"
+            checked += 1
+    if quick:
+        return checked
+    # resharding across meshes, other dtypes, and mark_sharding on a sharded tensor
+    for dtype in (torch.int64, torch.bool, torch.bfloat16):
+        full = full_tensor((7, 5), dtype)
+        st = mark_sharding(full, make_mesh((2, 2)), (1, 0))
+        out = mark_sharding(st, make_mesh((4,)), (None, 0))
+        check_layout(out, full, (4,), (None, 0), rank, f"cross-mesh {dtype}")
+        out = out.reshard(((0, 1), None), make_mesh((1, 4)))
+        check_layout(out, full, (1, 4), ((0, 1), None), rank, f"cross-mesh {dtype}")
+        assert torch.equal(out.global_tensor, full)
+        checked += 1
+    # a named mesh with a custom device order
+    named = Mesh([3, 1, 2, 0], (2, 2), ("data", "model"))
+    full = full_tensor((7, 5))
+    st = mark_sharding(full, named, ("model", "data"))
+    coords = {3: (0, 0), 1: (0, 1), 2: (1, 0), 0: (1, 1)}[rank]
+    rows = [(0, 4), (4, 7)][coords[1]]
+    cols = [(0, 3), (3, 5)][coords[0]]
+    assert st.local_shards[0].indices == (slice(*rows), slice(*cols))
+    assert torch.equal(st.global_tensor, full)
+    assert torch.equal(st.reshard((("data", "model"), None)).global_tensor, full)
+    checked += 1
+    return checked
+
+
+def api_checks(rank: int, world: int) -> int:
+    """clear/wrap/unwrap, parameters sharded in place, manual sharding, and error cases."""
+    mesh = Mesh(list(range(4)), (2, 2), ("data", "model"))
+    full = full_tensor((7, 5))
+    checked = 0
+
+    # plain tensors: wrap as replicated, unwrap, wrap_if_sharded is the identity
+    plain = full.clone()
+    wrapped = wrap_as_sharded_tensor(plain)
+    assert wrapped.sharding_type == ShardingType.REPLICATED
+    assert wrapped.local_shards[0].replica_id == rank
+    assert torch.equal(wrapped.global_tensor, full)
+    assert wrap_as_sharded_tensor(wrapped) is wrapped
+    assert unwrap_sharded_tensor(plain) is plain
+    assert wrap_if_sharded(plain) is plain and wrap_if_sharded(3) == 3
+    assert clear_sharding(plain) is plain
+    st = mark_sharding(full, mesh, ("data", "model"))
+    assert torch.equal(unwrap_sharded_tensor(st), full)
+    assert torch.equal(plain, full), "mark_sharding must not modify a plain tensor"
+    checked += 1
+
+    # an nn.Parameter is sharded in place and found again by wrap_if_sharded
+    param = torch.nn.Parameter(full.clone())
+    pst = mark_sharding(param, mesh, (None, "model"))
+    slices = ref_layout((7, 5), (2, 2), (None, 1), rank)[0]
+    assert tuple(param.shape) == (7, 3)
+    assert wrap_if_sharded(param) is pst and wrap_as_sharded_tensor(param) is pst
+    assert param.data.data_ptr() == pst.local_shards[0].data.data_ptr()
+    with torch.no_grad():
+        param.mul_(2)  # updates through the parameter are seen by the sharded tensor
+    assert torch.equal(pst.local_shards[0].unpadded_data, full[slices] * 2)
+    again = mark_sharding(param, mesh, ("data", None))  # reshards the parameter in place
+    assert wrap_if_sharded(param) is again and tuple(param.shape) == (4, 5)
+    assert torch.equal(again.global_tensor, full * 2)
+    back = clear_sharding(param)
+    assert back is param and torch.equal(param.data, full * 2)
+    assert wrap_if_sharded(param) is param
+    checked += 1
+
+    # manual sharding round trip, with an explicit and with the global mesh
+    for spec in [("data", None), (None, ("data", "model")), ("model", "data")]:
+        m = enable_manual_sharding(full, spec, mesh=mesh)
+        assert m.sharding_type == ShardingType.MANUAL
+        local = m.global_tensor
+        assert torch.equal(local, expected_shard(full, (2, 2), _index_spec(spec), rank))
+        assert m.global_shape == local.shape
+        y = disable_manual_sharding(local * 3 + 1, spec, full.shape, mesh=mesh)
+        assert y.sharding_type == mesh.get_op_sharding(spec).sharding_type
+        assert torch.equal(y.global_tensor, full * 3 + 1), spec
+        z = disable_manual_sharding(m, spec, full.shape, mesh=mesh)
+        assert torch.equal(z.global_tensor, full)
+        with pytest.raises(ValueError, match="MANUAL"):
+            m.reshard(spec)
+        checked += 1
+    set_global_mesh(mesh)
+    try:
+        m = enable_manual_sharding(mark_sharding(full, mesh, (None, None)), ("data", "model"))
+        y = disable_manual_sharding(m, ("data", "model"), (7, 5))
+        assert torch.equal(y.global_tensor, full)
+    finally:
+        set_global_mesh(None)
+    with pytest.raises(ValueError, match="no global mesh"):
+        enable_manual_sharding(full, (0, None))
+    checked += 1
+
+    # error cases: each names the rank and the problem
+    with pytest.raises(ValueError, match=rf"rank {rank}: .*2 devices but the job has 4 ranks"):
+        mark_sharding(full, Mesh([0, 1], (2,)), (0, None))
+    with pytest.raises(ValueError, match=rf"rank {rank}: .*axis name 'nope'"):
+        mark_sharding(full, mesh, ("nope", None))
+    with pytest.raises(ValueError, match=rf"rank {rank}: .*spec length \(1\).*input rank \(2\)"):
+        mark_sharding(full, mesh, ("data",))
+    with pytest.raises(ValueError, match="repeat"):
+        mark_sharding(full, mesh, ("data", "data"))
+    with pytest.raises(ValueError, match=r"out of range|out of bound"):
+        mark_sharding(full, Mesh(list(range(4)), (4,)), (None, 1))
+    with pytest.raises(ValueError, match=rf"rank {rank}: local shard has shape \(3, 3\)"):
+        mark_sharding(torch.zeros(3, 3), mesh, ("data", None), from_local_shards=True,
+                      global_shape=(7, 5))
+    with pytest.raises(TypeError, match="partition_spec must be a tuple"):
+        mark_sharding(full, mesh, "data")
+    with pytest.raises(TypeError, match=r"needs a torch\.Tensor"):
+        mark_sharding([1, 2], mesh, (0,))
+    checked += 1
+    return checked
+
+
+def _index_spec(spec: Any) -> Any:
+    names = {"data": 0, "model": 1}
+
+    def one(e: Any) -> Any:
+        if isinstance(e, tuple):
+            return tuple(names[x] for x in e)
+        return None if e is None else names[e]
+
+    return tuple(one(e) for e in spec)
+
+
+def run_linear_example(rank: int, world: int) -> dict[str, float]:
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "sharded_linear.py")
+    spec = importlib.util.spec_from_file_location("sharded_linear_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.check_against_unsharded()
+
+
+def shm_suite(rank: int, world: int) -> dict[str, tuple[str, Any]]:
+    """Every 4-rank check in one launch (process start-up dominates on small machines)."""
+    parts = {
+        "sweep": lambda: sweep(rank, world, False),
+        "api": lambda: api_checks(rank, world),
+        "linear": lambda: run_linear_example(rank, world),
+    }
+    results: dict[str, tuple[str, Any]] = {}
+    for name, part in parts.items():
+        try:
+            results[name] = ("ok", part())
+        except Exception:
+            results[name] = ("error", traceback.format_exc())
+    return results
+
+
+@pytest.fixture(scope="module")
+def shm_results() -> dict[int, dict[str, tuple[str, Any]]]:
+    return launch(4, shm_suite, transport="shm")
+
+
+def part(results: dict[int, dict[str, tuple[str, Any]]], name: str) -> dict[int, Any]:
+    failed = {r: v[name][1] for r, v in results.items() if v[name][0] != "ok"}
+    if failed:
+        pytest.fail("\n".join(f"rank {r}: {tb}" for r, tb in failed.items()))
+    return {r: v[name][1] for r, v in results.items()}
+
+
+def test_layouts_round_trips_and_resharding_shm(shm_results: Any) -> None:
+    out = part(shm_results, "sweep")
+    assert len(set(out.values())) == 1 and out[0] > 100
+
+
+def test_api_manual_sharding_and_errors(shm_results: Any) -> None:
+    assert part(shm_results, "api") == {r: 7 for r in range(4)}
+
+
+def test_sharded_linear_example_matches_unsharded(shm_results: Any) -> None:
+    for rank, errs in part(shm_results, "linear").items():
+        assert set(errs) >= {"output", "loss", "grad_weight", "grad_bias", "grad_input"}
+        assert all(v < 1e-5 for v in errs.values()), (rank, errs)
+
+
+def test_resharding_tcp() -> None:
+    out = launch(4, sweep, True, transport="tcp")
+    assert out == {r: 30 for r in range(4)}
+
+
+# ---- single process: no communication needed ---------------------------------------------------
+
+
+def test_single_process_world_of_one() -> None:
+    assert not ringlet.is_initialized()
+    mesh = Mesh([0], (1,), ("x",))
+    full = full_tensor((3, 2))
+    st = mark_sharding(full, mesh, ("x", None))
+    assert st.sharding_type == ShardingType.MAXIMAL
+    assert torch.equal(st.global_tensor, full) and torch.equal(clear_sharding(st), full)
+    with pytest.raises(ValueError, match=r"rank 0: .*2 devices but the job has 1 ranks"):
+        mark_sharding(full, Mesh([0, 1], (2,)), (0, None))
+
+
+@pytest.mark.parametrize("src_mesh,dst_mesh", [((2, 2), (2, 2)), ((4,), (1, 4)), ((2, 2), (4,))])
+def test_reshard_plan_covers_each_needed_element_once(src_mesh: Any, dst_mesh: Any) -> None:
+    shape = (7, 5)
+    for src, dst in itertools.product(specs_for(src_mesh), specs_for(dst_mesh)):
+        plan = stm._reshard_plan(shape, make_mesh(src_mesh), src, make_mesh(dst_mesh), dst)
+        for d in range(4):
+            count = torch.zeros(shape, dtype=torch.int64)
+            for t in plan.transfers:
+                if t.dst != d:
+                    continue
+                box = tuple(slice(lo, hi) for lo, hi in t.box)
+                count[box] += 1
+                held = torch.zeros(shape, dtype=torch.bool)
+                held[ref_layout(shape, src_mesh, src, t.src)[0]] = True
+                assert bool(held[box].all()), (src, dst, t)
+            need = torch.zeros(shape, dtype=torch.int64)
+            need[ref_layout(shape, dst_mesh, dst, d)[0]] = 1
+            assert torch.equal(count, need), (src, dst, d)
+
+
+def test_checkpoint_grid_pieces_cover_exactly() -> None:
+    for start in range(0, 40):
+        for stop in range(start, 60):
+            pieces = stm._grid_intervals(start, stop)
+            covered = [i for lo, hi in pieces for i in range(lo, hi)]
+            assert covered == list(range(start, stop))
+            assert all(hi == lo or lo % (hi - lo) == 0 for lo, hi in pieces)
+    assert stm._grid_intervals(4, 7) == [(4, 6), (6, 7)]
