@@ -99,6 +99,10 @@ def groups_exchange(rank: int, world: int) -> None:
             [torch.arange(2 * i, 2 * i + 2, dtype=torch.float32).reshape(1, 2) + 100 * r
              for r in mine], dim=1)
         assert torch.equal(got, want), (groups, got, want)
+        # torch_xla semantics: a group without the root ends with zeros.
+        t = torch.full((3,), rank + 1.0)
+        ringlet.collective_broadcast([t], root_ordinal=0, groups=groups)
+        assert t.tolist() == ([1.0] * 3 if 0 in mine else [0.0] * 3)
 
 
 def test_exchange_replica_groups() -> None:

@@ -166,11 +166,12 @@ def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, sc
         comm.all_reduce(flat.data_ptr(), _nbytes(flat), name, reduce_type)
         _apply_scale(flat, scale)
         if len(group) > 1:
-            offset = 0
-            for g in group:
-                n = g.numel()
-                g.copy_(flat[offset : offset + n].view_as(g))
-                offset += n
+            views = [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in group]), group)]
+            if hasattr(torch, "_foreach_copy_"):
+                torch._foreach_copy_(group, views)  # one call instead of one per tensor
+            else:  # torch < 2.2
+                for g, v in zip(group, views):
+                    g.copy_(v)
 
 
 def _always_allreduce() -> bool:
@@ -463,7 +464,9 @@ def collective_broadcast(
     Args:
       tensors (list): Tensors to broadcast, in place.
       root_ordinal (int): Global ordinal of the replica whose values win.
-        With ``groups``, the root must belong to this replica's group.
+        With ``groups``, a group that does not contain the root ends with
+        zeros, as in torch_xla (which multiplies non-root values by 0 and
+        all-reduces within each group).
       groups (list, optional): Replica groups.
       pin_layout (bool, optional): Accepted for compatibility; no effect.
 
@@ -485,19 +488,17 @@ def collective_broadcast(
             f"{world_size()}"
         )
     comm = runtime._group(groups)
-    root = root_ordinal
+    root: Optional[int] = root_ordinal
     if groups:
-        mine = next(g for g in groups if _rank() in g)
-        if root_ordinal not in mine:
-            raise ValueError(
-                f"rank {_rank()}: root_ordinal {root_ordinal} is not in this replica's group "
-                f"{list(mine)}"
-            )
-        root = list(mine).index(root_ordinal)
-    for i, t in enumerate(tensors):
-        t = _as_tensor(t, f"tensors[{i}]").detach()
-        name = _check(t, f"tensors[{i}]")
-        comm.broadcast(t.data_ptr(), _nbytes(t), name, root)
+        mine = list(next(g for g in groups if _rank() in g))
+        root = mine.index(root_ordinal) if root_ordinal in mine else None
+    checked = [_as_tensor(t, f"tensors[{i}]").detach() for i, t in enumerate(tensors)]
+    names = [_check(t, f"tensors[{i}]") for i, t in enumerate(checked)]
+    for t, name in zip(checked, names):
+        if root is None:
+            t.zero_()  # the whole group lacks the root: all of it ends with zeros
+        else:
+            comm.broadcast(t.data_ptr(), _nbytes(t), name, root)
 
 
 def barrier() -> None:
