@@ -9,7 +9,7 @@ Example:
   >>> ringlet.all_reduce(ringlet.REDUCE_SUM, torch.ones(3))
 """
 
-from . import _core
+from . import _core, tensor
 from .collectives import (
     REDUCE_AND,
     REDUCE_MAX,
@@ -42,6 +42,7 @@ from .collectives import (
     send,
     wait_device_ops,
 )
+from .ddp import DistributedDataParallel
 from .errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -75,6 +76,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "CommunicatorAbortedError",
+    "DistributedDataParallel",
     "NotInitializedError",
     "PeerLostError",
     "RateTracker",
@@ -107,6 +109,7 @@ __all__ = [
     "save",
     "send",
     "shutdown",
+    "tensor",
     "transport",
     "wait_device_ops",
     "world_size",

@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod error;
 pub mod group;
 pub mod reduce;
+pub mod registry;
 mod sys;
 pub mod testing;
 pub mod transport;

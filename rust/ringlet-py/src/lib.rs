@@ -3,6 +3,7 @@
 //! exceptions and maps errors (in `errors.rs`). Nothing else.
 
 mod errors;
+mod registry;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -349,7 +350,9 @@ impl Communicator {
     ) -> PyResult<()> {
         let (d, buf) = (dtype(dtype_name)?, RawBuf::new(ptr, nbytes)?);
         // SAFETY: as in all_reduce.
-        self.with(py, move |c| c.recv(unsafe { buf.slice_mut() }, d, peer, tag))
+        self.with(py, move |c| {
+            c.recv(unsafe { buf.slice_mut() }, d, peer, tag)
+        })
     }
 
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
@@ -378,6 +381,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", core::version())?;
     m.add_class::<Listener>()?;
     m.add_class::<Communicator>()?;
+    m.add_class::<registry::TensorModule>()?;
     m.add_function(wrap_pyfunction!(host_identity, m)?)?;
     Ok(())
 }

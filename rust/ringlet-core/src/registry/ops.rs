@@ -1,0 +1,207 @@
+//! Bucket operations: what the worker runs on a bucket once all of its
+//! tensors are ready. All-reduce is built in; the binding supplies others
+//! (a Python callable).
+
+use super::{Effective, Memory, Resolver, TensorMeta};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::group::Communicator;
+use half::{bf16, f16};
+
+/// The bucket handed to a [`BucketOp`]: its position in the module's bucket
+/// order and its tensors, resolvable to their effective tensors.
+pub struct BucketTensors<'a> {
+    /// Position of the bucket in the module's order.
+    pub index: usize,
+    /// The bucket's tensors, in order.
+    pub tensors: &'a [TensorMeta],
+    pub(crate) resolver: &'a dyn Resolver,
+}
+
+impl BucketTensors<'_> {
+    /// Resolves every tensor of the bucket to its effective tensor, checking
+    /// that each still has the element count, dtype and device it was
+    /// registered with.
+    pub fn resolve_all(&self) -> Result<Vec<Effective>> {
+        self.tensors
+            .iter()
+            .map(|m| {
+                let e = self.resolver.resolve(m)?;
+                if e.count != m.count || e.dtype != m.dtype || e.device != m.device {
+                    return Err(Error::InvalidArgument(format!(
+                        "the effective tensor of '{}' is now {} {} elements on {}, \
+                         but it was registered as {} {} elements on {}",
+                        m.name,
+                        e.count,
+                        e.dtype.name(),
+                        e.device,
+                        m.count,
+                        m.dtype.name(),
+                        m.device
+                    )));
+                }
+                Ok(e)
+            })
+            .collect()
+    }
+}
+
+/// An operation the worker runs on each bucket, in bucket order.
+pub trait BucketOp: Send {
+    /// Runs on one bucket whose tensors are all ready.
+    fn run(&mut self, bucket: &BucketTensors<'_>) -> Result<()>;
+}
+
+/// Built-in all-reduce of every bucket (sum, or average over the ranks) over a
+/// communicator owned by the operation, so the worker never interleaves with
+/// collectives the user runs on other communicators.
+pub struct AllReduceOp {
+    comm: Communicator,
+    average: bool,
+}
+
+impl AllReduceOp {
+    /// Sums (or averages, when `average`) every bucket across `comm`'s ranks.
+    pub fn new(comm: Communicator, average: bool) -> AllReduceOp {
+        AllReduceOp { comm, average }
+    }
+
+    fn reduce(&mut self, buf: &mut [u8], dtype: DType) -> Result<()> {
+        self.comm.all_reduce(buf, dtype, ReduceOp::Sum)?;
+        if self.average && self.comm.size() > 1 {
+            scale(buf, dtype, 1.0 / self.comm.size() as f64)?;
+        }
+        Ok(())
+    }
+}
+
+impl BucketOp for AllReduceOp {
+    fn run(&mut self, bucket: &BucketTensors<'_>) -> Result<()> {
+        let effs = bucket.resolve_all()?;
+        let Some(dtype) = effs.first().map(|e| e.dtype) else {
+            return Ok(());
+        };
+        if self.average && !dtype.is_float() {
+            return Err(Error::InvalidArgument(format!(
+                "bucket {}: averaging needs floating-point tensors, not {}",
+                bucket.index,
+                dtype.name()
+            )));
+        }
+        if let Some((addr, len)) = contiguous_host(&effs) {
+            // A flattened bucket: reduce its memory in place, no copy.
+            if len == 0 {
+                return self.reduce(&mut [], dtype);
+            }
+            // SAFETY: every tensor of the run is host memory the resolver
+            // vouched for (see `Effective::host`), kept alive by `effs`, and
+            // the tensors are back to back, so the union is one valid range.
+            let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+            return self.reduce(buf, dtype);
+        }
+        // Scattered or device tensors: stage through one host buffer.
+        let total: usize = effs.iter().map(Effective::nbytes).sum();
+        let mut words = vec![0u64; total.div_ceil(8)];
+        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..total];
+        let mut at = 0;
+        for e in &effs {
+            let n = e.nbytes();
+            match &e.memory {
+                Memory::Host(a) => {
+                    if n > 0 {
+                        // SAFETY: host memory of `n` bytes vouched for by the
+                        // resolver and kept alive by `effs`.
+                        let src = unsafe { std::slice::from_raw_parts(*a as *const u8, n) };
+                        stage[at..at + n].copy_from_slice(src);
+                    }
+                }
+                Memory::Device(d) => d.download(&mut stage[at..at + n])?,
+            }
+            at += n;
+        }
+        self.reduce(stage, dtype)?;
+        let mut at = 0;
+        for e in &effs {
+            let n = e.nbytes();
+            match &e.memory {
+                Memory::Host(a) => {
+                    if n > 0 {
+                        // SAFETY: as above; the worker is the only user of the
+                        // tensor while the bucket operation runs.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(*a as *mut u8, n) };
+                        dst.copy_from_slice(&stage[at..at + n]);
+                    }
+                }
+                Memory::Device(d) => d.upload(&stage[at..at + n])?,
+            }
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// The address and length of the tensors when all are in host memory and lie
+/// back to back in order (a flattened bucket).
+fn contiguous_host(effs: &[Effective]) -> Option<(usize, usize)> {
+    let start = effs.first()?.host_addr()?;
+    let mut end = start;
+    for e in effs {
+        if e.host_addr()? != end {
+            return None;
+        }
+        end += e.nbytes();
+    }
+    Some((start, end - start))
+}
+
+/// Multiplies every element of a floating-point buffer by `factor`.
+pub(crate) fn scale(buf: &mut [u8], dtype: DType, factor: f64) -> Result<()> {
+    fn cast<T: bytemuck::Pod>(buf: &mut [u8]) -> Result<&mut [T]> {
+        if buf.is_empty() {
+            return Ok(&mut []);
+        }
+        bytemuck::try_cast_slice_mut(buf)
+            .map_err(|e| Error::InvalidArgument(format!("buffer not aligned for its dtype: {e:?}")))
+    }
+    match dtype {
+        DType::F32 => cast::<f32>(buf)?
+            .iter_mut()
+            .for_each(|x| *x = (*x as f64 * factor) as f32),
+        DType::F64 => cast::<f64>(buf)?.iter_mut().for_each(|x| *x *= factor),
+        DType::F16 => cast::<f16>(buf)?
+            .iter_mut()
+            .for_each(|x| *x = f16::from_f32(x.to_f32() * factor as f32)),
+        DType::BF16 => cast::<bf16>(buf)?
+            .iter_mut()
+            .for_each(|x| *x = bf16::from_f32(x.to_f32() * factor as f32)),
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "cannot scale {} elements",
+                other.name()
+            )))
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_every_float_type() {
+        let mut a = [2.0f32, -4.0];
+        scale(bytemuck::cast_slice_mut(&mut a), DType::F32, 0.5).unwrap();
+        assert_eq!(a, [1.0, -2.0]);
+        let mut b = [3.0f64];
+        scale(bytemuck::cast_slice_mut(&mut b), DType::F64, 1.0 / 3.0).unwrap();
+        assert!((b[0] - 1.0).abs() < 1e-15);
+        let mut h = [f16::from_f32(6.0)];
+        scale(bytemuck::cast_slice_mut(&mut h), DType::F16, 0.5).unwrap();
+        assert_eq!(h[0].to_f32(), 3.0);
+        let mut g = [bf16::from_f32(6.0)];
+        scale(bytemuck::cast_slice_mut(&mut g), DType::BF16, 0.5).unwrap();
+        assert_eq!(g[0].to_f32(), 3.0);
+        assert!(scale(&mut [0u8; 4], DType::I32, 0.5).is_err());
+    }
+}
