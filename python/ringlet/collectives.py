@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, TextIO, Union
 
 import numpy as np
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from . import runtime
 from .runtime import get_local_ordinal, get_ordinal, world_size
@@ -162,11 +163,11 @@ def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, sc
         if len(group) == 1:
             flat = group[0]
         else:
-            flat = torch.cat([g.reshape(-1) for g in group])
+            flat = _flatten_dense_tensors(group)  # one C++ call, not one per tensor
         comm.all_reduce(flat.data_ptr(), _nbytes(flat), name, reduce_type)
         _apply_scale(flat, scale)
         if len(group) > 1:
-            views = [v.view_as(g) for v, g in zip(flat.split([g.numel() for g in group]), group)]
+            views = _unflatten_dense_tensors(flat, group)
             if hasattr(torch, "_foreach_copy_"):
                 torch._foreach_copy_(group, views)  # one call instead of one per tensor
             else:  # torch < 2.2
