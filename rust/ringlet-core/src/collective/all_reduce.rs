@@ -19,7 +19,7 @@
 //! (2(p-1)/p of the buffer crosses each link). float16/bfloat16 travel and
 //! accumulate as float32.
 
-use super::{part_bytes, pieces, scratch, split_ref_mut, via_f32, CMA_PIECE, TCP_SMALL};
+use super::{part_bytes, pieces, scratch, split_ref_mut, via_f32, Reused, CMA_PIECE, TCP_SMALL};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -32,6 +32,9 @@ const OP: &str = "all_reduce";
 
 /// Received bytes reduced at a time while a TCP ring step is in flight.
 const OVERLAP_BATCH: usize = 128 << 10;
+
+/// Bytes a TCP ring step moves per chunk (the receive scratch's size).
+const TCP_CHUNK: usize = 1 << 20;
 
 impl Communicator {
     /// Reduces `buf` (elements of `dtype`) across all ranks, in place.
@@ -82,8 +85,8 @@ fn shm_all_reduce(
         let parts: Vec<_> = (0..p).map(|j| part_bytes(count, p, j, esz)).collect();
         let piece = (CMA_PIECE / esz) * esz;
         let rounds = parts[0].len().div_ceil(piece).max(1);
-        let mut tmp = scratch((p - 1) * piece);
-        let tmp: &mut [u8] = bytemuck::cast_slice_mut(&mut tmp);
+        let mut tmp = Reused::new((p - 1) * piece);
+        let tmp = tmp.bytes();
         let in_round = |j: usize, k: usize| {
             let part = &parts[j];
             let start = (part.start + k * piece).min(part.end);
@@ -202,37 +205,48 @@ pub(crate) fn ring_reduce_scatter(
     let esz = dtype.size();
     let count = buf.len() / esz;
     let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
-    let mut tmp = scratch(part_bytes(count, p, 0, esz).len());
-    let tmp: &mut [u8] = bytemuck::cast_slice_mut(&mut tmp);
+    let chunk = (TCP_CHUNK / esz).max(1) * esz;
+    let mut tmp = Reused::new(chunk);
+    let tmp = tmp.bytes();
     for s in 0..p - 1 {
         let send = part_bytes(count, p, (r + p - s + shift) % p, esz);
         let recv = part_bytes(count, p, (r + 2 * p - s - 1 + shift) % p, esz);
-        let len = recv.len();
         let (out, dst) = split_ref_mut(buf, send, recv);
-        // Reduce what has arrived while the rest is still in flight, in
-        // batches big enough to amortise the call.
-        let mut reduced = 0;
-        mesh.transfer_with(
-            &mut [Xfer::send(next, out), Xfer::recv(prev, &mut tmp[..len])],
-            OP,
-            cfg.timeout,
-            |x| {
-                let got = x[1].received();
-                let upto = got.len() - got.len() % esz;
-                if upto - reduced >= OVERLAP_BATCH || upto == len {
-                    reduce::reduce_inplace(
-                        dtype,
-                        op,
-                        &mut dst[reduced..upto],
-                        &[&got[reduced..upto]],
-                    )?;
-                    reduced = upto;
-                }
-                Ok(())
-            },
-        )?;
-        if reduced < len {
-            reduce::reduce_inplace(dtype, op, &mut dst[reduced..], &[&tmp[reduced..len]])?;
+        // The step moves in chunks through a small, cache-resident scratch;
+        // within a chunk, what has arrived is reduced while the rest is
+        // still in flight.
+        let chunks = out.len().max(dst.len()).div_ceil(chunk);
+        for k in 0..chunks {
+            let piece = |len: usize| (k * chunk).min(len)..((k + 1) * chunk).min(len);
+            let (sp, rp) = (piece(out.len()), piece(dst.len()));
+            let len = rp.len();
+            let dst = &mut dst[rp];
+            let mut reduced = 0;
+            mesh.transfer_with(
+                &mut [
+                    Xfer::send(next, &out[sp]),
+                    Xfer::recv(prev, &mut tmp[..len]),
+                ],
+                OP,
+                cfg.timeout,
+                |x| {
+                    let got = x[1].received();
+                    let upto = got.len() - got.len() % esz;
+                    if upto - reduced >= OVERLAP_BATCH || upto == len {
+                        reduce::reduce_inplace(
+                            dtype,
+                            op,
+                            &mut dst[reduced..upto],
+                            &[&got[reduced..upto]],
+                        )?;
+                        reduced = upto;
+                    }
+                    Ok(())
+                },
+            )?;
+            if reduced < len {
+                reduce::reduce_inplace(dtype, op, &mut dst[reduced..], &[&tmp[reduced..len]])?;
+            }
         }
     }
     Ok(())

@@ -90,6 +90,53 @@ pub(crate) fn scratch(bytes: usize) -> Vec<u64> {
     vec![0u64; bytes.div_ceil(8)]
 }
 
+thread_local! {
+    /// Buffers handed back by `Reused` on this thread, for the next call.
+    static POOL: std::cell::RefCell<Vec<Vec<u64>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A scratch buffer of at least `bytes` bytes, aligned for any element type,
+/// taken from a per-thread pool and returned to it on drop, so hot paths do
+/// not pay for fresh (page-faulting) memory on every call. Its contents are
+/// unspecified: callers overwrite what they read.
+pub(crate) struct Reused {
+    words: Vec<u64>,
+    bytes: usize,
+}
+
+impl Reused {
+    pub(crate) fn new(bytes: usize) -> Self {
+        let need = bytes.div_ceil(8);
+        let mut words = POOL
+            .with(|p| {
+                let mut p = p.borrow_mut();
+                let i = p.iter().position(|v| v.len() >= need)?;
+                Some(p.swap_remove(i))
+            })
+            .unwrap_or_default();
+        if words.len() < need {
+            words = vec![0u64; need];
+        }
+        Reused { words, bytes }
+    }
+
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.bytes]
+    }
+}
+
+impl Drop for Reused {
+    fn drop(&mut self) {
+        let words = std::mem::take(&mut self.words);
+        POOL.with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < 4 {
+                p.push(words);
+            }
+        });
+    }
+}
+
 /// Runs `f` on a float32 copy of a half-precision buffer and writes the result
 /// back rounded, so partial results travel and accumulate in float32.
 pub(crate) fn via_f32(

@@ -9,7 +9,7 @@
 //! TCP: ring reduce-scatter on a copy of the input, arranged so that rank r
 //! finishes owning block r; float16/bfloat16 travel as float32.
 
-use super::{pieces, scratch, via_f32, CMA_PIECE};
+use super::{pieces, scratch, via_f32, Reused, CMA_PIECE};
 use crate::collective::all_reduce::ring_reduce_scatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -80,8 +80,8 @@ fn shm_reduce_scatter(
             .map(|j| shm.peer_desc(j).map(|d| d.addr))
             .collect::<Result<_>>()?;
         let piece = (CMA_PIECE / esz) * esz;
-        let mut tmp = scratch((p - 1) * piece);
-        let tmp: &mut [u8] = bytemuck::cast_slice_mut(&mut tmp);
+        let mut tmp = Reused::new((p - 1) * piece);
+        let tmp = tmp.bytes();
         for range in pieces(m, piece, esz) {
             let at = r * m + range.start;
             let len = range.len();
