@@ -26,7 +26,7 @@ def main(steps: int = 60, batch: int = 64) -> None:
     model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                           nn.Linear(256, 1))
     ringlet.broadcast_master_param(model)  # ...and made sure of it
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
     true_w = torch.randn(32, 1)
     data = torch.Generator().manual_seed(1 + rank)  # each rank its own data
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
