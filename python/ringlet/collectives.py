@@ -19,6 +19,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from . import runtime
+from .errors import CollectiveMismatchError
 from .runtime import get_local_ordinal, get_ordinal, world_size
 
 __all__ = [
@@ -142,19 +143,56 @@ def _apply_scale(t: torch.Tensor, scale: float) -> None:
         t.copy_(t.double().mul_(scale).to(t.dtype))
 
 
+# World all-reduces from this size up take the two-level path on multi-host jobs.
+_HIER_MIN_BYTES = 256 << 10
+
+
+def _engine_all_reduce(comm: Any, t: torch.Tensor, name: str, reduce_type: str) -> None:
+    """One all-reduce of a contiguous tensor, in place: two-level (within
+    hosts, then across) for large world all-reduces on multi-host jobs."""
+    hier = runtime._require().hier
+    if hier is None or comm is not runtime._world() or _nbytes(t) < _HIER_MIN_BYTES:
+        comm.all_reduce(t.data_ptr(), _nbytes(t), name, reduce_type)
+        return
+    local, cross = hier
+    # One small world-wide check first, so ranks that disagree about the size,
+    # dtype or reduce type all raise, whichever host they are on.
+    code = [t.numel(), list(_DTYPE_NAMES.values()).index(name), _REDUCE_TYPES.index(reduce_type)]
+    probe = torch.tensor(code + [-c for c in code], dtype=torch.int64)
+    comm.all_reduce(probe.data_ptr(), _nbytes(probe), "int64", "max")
+    if probe[:3].tolist() != (-probe[3:]).tolist():
+        raise CollectiveMismatchError(
+            f"rank {_rank()}: ranks disagree about the all_reduce (element count, dtype or "
+            f"reduce type differ between ranks; this rank has {t.numel()} x {name}, "
+            f"{reduce_type})"
+        )
+    # Reduce-scatter within the host, all-reduce each shard across hosts,
+    # all-gather within the host; the tail is padded to a multiple of the host size.
+    k = -(-t.numel() // local.size)
+    work = torch.zeros(k * local.size, dtype=t.dtype)
+    work[: t.numel()] = t.view(-1)
+    shard = torch.empty(k, dtype=t.dtype)
+    local.reduce_scatter(
+        work.data_ptr(), _nbytes(work), shard.data_ptr(), _nbytes(shard), name, reduce_type
+    )
+    cross.all_reduce(shard.data_ptr(), _nbytes(shard), name, reduce_type)
+    local.all_gather(shard.data_ptr(), _nbytes(shard), work.data_ptr(), _nbytes(work), name)
+    t.view(-1).copy_(work[: t.numel()])
+
+
 def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, scale: float) -> None:
     """All-reduces contiguous CPU tensors in place; small tensors of one dtype
     are flattened into a single collective call."""
     if len(tensors) == 1:  # fast path: no grouping, no copies
         t = tensors[0]
-        comm.all_reduce(t.data_ptr(), t.nbytes, _check(t, "input"), reduce_type)
+        _engine_all_reduce(comm, t, _check(t, "input"), reduce_type)
         _apply_scale(t, scale)
         return
     names = [_check(t, f"inputs[{i}]") for i, t in enumerate(tensors)]
     small: dict[torch.dtype, list[torch.Tensor]] = {}
     for t, name in zip(tensors, names):
         if _nbytes(t) > _COALESCE_BYTES:
-            comm.all_reduce(t.data_ptr(), _nbytes(t), name, reduce_type)
+            _engine_all_reduce(comm, t, name, reduce_type)
             _apply_scale(t, scale)
         else:
             small.setdefault(t.dtype, []).append(t)
@@ -164,7 +202,7 @@ def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, sc
             flat = group[0]
         else:
             flat = _flatten_dense_tensors(group)  # one C++ call, not one per tensor
-        comm.all_reduce(flat.data_ptr(), _nbytes(flat), name, reduce_type)
+        _engine_all_reduce(comm, flat, name, reduce_type)
         _apply_scale(flat, scale)
         if len(group) > 1:
             views = _unflatten_dense_tensors(flat, group)

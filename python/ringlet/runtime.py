@@ -48,6 +48,9 @@ class _State:
     addr: str = "127.0.0.1"
     groups: dict[tuple[tuple[int, ...], ...], _core.Communicator] = field(default_factory=dict)
     pairs: dict[int, _core.Communicator] = field(default_factory=dict)
+    # Multi-host jobs: (ranks of this host over shared memory, this local
+    # index's ranks across hosts over TCP); see _hierarchy.
+    hier: Optional[tuple[_core.Communicator, _core.Communicator]] = None
 
 
 _state: Optional[_State] = None
@@ -201,7 +204,39 @@ def init(
         prefix = f"ringlet/w{world}/g{(arrivals - 1) // world}"
         my_addr = _local_ip(addr)
         comm, hosts = _connect(store, f"{prefix}/world", rank, world, my_addr, float(wait))
-        _state = _State(rank, world, hosts, float(wait), comm, store, prefix, my_addr)
+        hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait))
+        _state = _State(rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier)
+
+
+def _layout(hosts: list[str]) -> list[list[int]]:
+    order: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        order.setdefault(h, []).append(r)
+    return list(order.values())
+
+
+def _hierarchy(
+    store: Any, prefix: str, rank: int, hosts: list[str], addr: str, timeout: float
+) -> Optional[tuple[_core.Communicator, _core.Communicator]]:
+    """For a job spanning several hosts with the same number (> 1) of ranks
+    on each, connects two more communicators: the ranks of this host (shared
+    memory) and the ranks with this local index on every host (TCP). Large
+    world all-reduces then run in two levels, so each byte crosses the
+    network once per host instead of once per rank. Every rank takes the same
+    decision from the same host table. ``RINGLET_HIERARCHY=0`` turns it off."""
+    if os.environ.get("RINGLET_HIERARCHY", "1") in ("0", "false", "False"):
+        return None
+    if os.environ.get("RINGLET_TRANSPORT", "auto").lower() == "tcp":
+        return None
+    layout = _layout(hosts)
+    per_host = {len(g) for g in layout}
+    if len(layout) < 2 or len(per_host) != 1 or per_host == {1}:
+        return None
+    h = next(i for i, g in enumerate(layout) if rank in g)
+    i = layout[h].index(rank)
+    local, _ = _connect(store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout)
+    cross, _ = _connect(store, f"{prefix}/hier/cross/{i}", h, len(layout), addr, timeout)
+    return local, cross
 
 
 def shutdown() -> None:
@@ -217,7 +252,7 @@ def shutdown() -> None:
         state, _state = _state, None
     if state is None:
         return
-    for comm in [*state.groups.values(), *state.pairs.values()]:
+    for comm in [*state.groups.values(), *state.pairs.values(), *(state.hier or ())]:
         comm.close()
     state.comm.close()
 
@@ -266,10 +301,7 @@ def host_layout() -> list[list[int]]:
     """
     if _state is None:
         return [[0]]
-    order: dict[str, list[int]] = {}
-    for r, h in enumerate(_state.hosts):
-        order.setdefault(h, []).append(r)
-    return list(order.values())
+    return _layout(_state.hosts)
 
 
 def get_local_ordinal() -> int:

@@ -1,0 +1,65 @@
+"""Two-level all-reduce on multi-host jobs (hosts simulated with
+RINGLET_HOST_ID): shared memory within a host, TCP across hosts, checked
+against plain torch for every dtype and reduce type, odd sizes, and every
+rank raising together when ranks disagree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ringlet
+from ringlet import runtime
+
+from _reference import DTYPES, OPS, assert_matches, make_input, reduce, supported
+from conftest import launch
+
+# Above the two-level threshold (256 KiB for float32) and odd: the host-level
+# shards need padding.
+COUNTS = [0, 5, 70001, 300007]
+
+
+def two_level(rank: int, world: int, expect_hier: bool) -> None:
+    hier = runtime._require().hier
+    assert (hier is not None) == expect_hier
+    if hier is not None:
+        local, cross = hier
+        assert local.transport.startswith("shm") and cross.transport == "tcp"
+        assert local.size == 2 and cross.size == world // 2
+    for dtype in DTYPES:
+        for op in OPS:
+            if not supported(dtype, op):
+                continue
+            for count in COUNTS:
+                if count > 70001 and op not in ("sum", "max"):
+                    continue
+                inputs = [make_input(dtype, r, count, salt=7) for r in range(world)]
+                got = ringlet.all_reduce(op, inputs[rank])
+                assert_matches(got, reduce(op, inputs), f"{dtype} {op} {count}")
+                # Every rank ends with the same bits.
+                same = ringlet.all_gather(got.view(-1)[:3].clone().view(torch.uint8).view(-1))
+                assert torch.equal(same.view(world, -1), same.view(world, -1)[0].expand(world, -1))
+    x = torch.full((300001,), float(rank + 1))
+    out = ringlet.all_reduce("sum", [x, torch.ones(3)], scale=0.5)
+    assert out[0][0].item() == sum(range(1, world + 1)) * 0.5
+    assert out[1].tolist() == [world * 0.5] * 3
+    # Ranks that disagree about the size all raise, on every host.
+    n = 300000 + (1 if rank == world - 1 else 0)
+    with pytest.raises(ringlet.CollectiveMismatchError, match="disagree"):
+        ringlet.all_reduce("sum", torch.ones(n))
+    assert ringlet.all_reduce("sum", torch.ones(300000))[0].item() == world
+
+
+def test_two_hosts_two_ranks_each() -> None:
+    hosts = [{"RINGLET_HOST_ID": h} for h in ("a", "a", "b", "b")]
+    launch(4, two_level, True, per_rank_env=hosts)
+
+
+def test_interleaved_hosts() -> None:
+    hosts = [{"RINGLET_HOST_ID": h} for h in ("a", "b", "a", "b")]
+    launch(4, two_level, True, per_rank_env=hosts)
+
+
+def test_unequal_hosts_fall_back_to_flat_tcp() -> None:
+    hosts = [{"RINGLET_HOST_ID": h} for h in ("a", "a", "b")]
+    launch(3, two_level, False, per_rank_env=hosts)
