@@ -155,3 +155,24 @@ def test_collective_before_init_raises() -> None:
         ringlet.barrier()
     with pytest.raises(ringlet.NotInitializedError):
         ringlet.transport()
+
+
+def unanswered_send(rank: int, world: int, gate: object) -> str:
+    msg = ""
+    if rank == 0:
+        # Rank 1 never posts a receive: the send times out naming it.
+        want = "rank 0: rank 1 did not join"
+        with pytest.raises(ringlet.CollectiveTimeoutError, match=want) as e:
+            ringlet.send(torch.ones(3), 1)
+        msg = str(e.value)
+    gate.wait()  # type: ignore[attr-defined]  # rank 1 stays alive meanwhile
+    ringlet.barrier()  # the world communicator still works
+    return msg
+
+
+def test_send_without_receiver_times_out_naming_the_peer() -> None:
+    import torch.multiprocessing as mp
+
+    gate = mp.get_context("spawn").Barrier(2)
+    out = launch(2, unanswered_send, gate, comm_timeout=3.0)
+    assert "did not join within 3s" in out[0]

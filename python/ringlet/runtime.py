@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, Optional
 
 from . import _core
-from .errors import NotInitializedError
+from .errors import CollectiveTimeoutError, NotInitializedError
 
 __all__ = [
     "get_local_ordinal",
@@ -122,9 +122,16 @@ def _make_store(addr: str, port: int, rank: int, world: int, timeout: float) -> 
 
 
 def _connect(
-    store: Any, key: str, group_rank: int, group_size: int, addr: str, timeout: float
+    store: Any,
+    key: str,
+    group_rank: int,
+    group_size: int,
+    addr: str,
+    timeout: float,
+    members: Optional[list[int]] = None,
 ) -> tuple[_core.Communicator, list[str]]:
-    """Exchanges listening addresses under ``key`` and connects a group."""
+    """Exchanges listening addresses under ``key`` and connects a group.
+    ``members`` (global ranks, by group rank) name peers in errors."""
     host = _host_id()
     bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
     listener = _core.Listener(f"{bind}:0")
@@ -132,8 +139,20 @@ def _connect(
     store.set(f"{key}/peer/{group_rank}", json.dumps(me))
     if group_rank == 0:
         store.set(f"{key}/token", str(secrets.randbits(63)))
-    peers = [json.loads(store.get(f"{key}/peer/{r}")) for r in range(group_size)]
-    token = int(store.get(f"{key}/token"))
+
+    def fetch(what: str, r: int) -> bytes:
+        try:
+            return bytes(store.get(what))
+        except Exception as e:  # the store's own timeout error
+            who = members[r] if members is not None else r
+            mine = members[group_rank] if members is not None else group_rank
+            raise CollectiveTimeoutError(
+                f"rank {mine}: rank {who} did not join within {timeout:g}s "
+                f"(connecting {key!r}): {e}"
+            ) from None
+
+    peers = [json.loads(fetch(f"{key}/peer/{r}", r)) for r in range(group_size)]
+    token = int(fetch(f"{key}/token", 0))
     comm = _core.Communicator.connect(
         listener,
         group_rank,
@@ -234,8 +253,13 @@ def _hierarchy(
         return None
     h = next(i for i, g in enumerate(layout) if rank in g)
     i = layout[h].index(rank)
-    local, _ = _connect(store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout)
-    cross, _ = _connect(store, f"{prefix}/hier/cross/{i}", h, len(layout), addr, timeout)
+    local, _ = _connect(
+        store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout, members=layout[h]
+    )
+    cross, _ = _connect(
+        store, f"{prefix}/hier/cross/{i}", h, len(layout), addr, timeout,
+        members=[g[i] for g in layout],
+    )
     return local, cross
 
 
@@ -357,6 +381,7 @@ def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
                     len(mine),
                     state.addr,
                     state.timeout,
+                    members=list(mine),
                 )
             state.groups[key] = comm
     return comm
@@ -377,6 +402,7 @@ def _pair(peer: int) -> tuple[_core.Communicator, int]:
                 2,
                 state.addr,
                 state.timeout,
+                members=[lo, hi],
             )
             state.pairs[peer] = comm
     return comm, 1 if state.rank == lo else 0
