@@ -23,6 +23,7 @@ import ringlet
 from ringlet import sharded_tensor as stm
 from ringlet.sharding import (
     Mesh,
+    ShardingSpec,
     ShardingType,
     XLAShardedTensor,
     clear_sharding,
@@ -436,3 +437,34 @@ def test_checkpoint_grid_pieces_cover_exactly() -> None:
             assert covered == list(range(start, stop))
             assert all(hi == lo or lo % (hi - lo) == 0 for lo, hi in pieces)
     assert stm._grid_intervals(4, 7) == [(4, 6), (6, 7)]
+
+
+def test_patched_linear_matches_f_linear_and_barrier_hook() -> None:
+    from ringlet.sharding import (
+        XLAPatchedLinear,
+        apply_backward_optimization_barrier,
+        xla_patched_nn_linear_forward,
+    )
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    g = torch.randn(2, 5, 3)
+    ours = xla_patched_nn_linear_forward(layer, x)
+    ref = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(ours, ref)
+    got = torch.autograd.grad(ours, [x, layer.weight, layer.bias], g)
+    want = torch.autograd.grad(ref, [x, layer.weight, layer.bias], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    no_bias = XLAPatchedLinear.apply(x, layer.weight)
+    torch.testing.assert_close(no_bias, x @ layer.weight.T)
+    apply_backward_optimization_barrier(layer)
+    layer(x).sum().backward()
+    torch.testing.assert_close(layer.bias.grad, torch.full((3,), 10.0))
+
+
+def test_sharding_spec_apply_on_world_of_one() -> None:
+    mesh = Mesh([0], (1,), ("x",))
+    st = ShardingSpec(mesh, ("x", None)).apply(torch.arange(6.0).view(3, 2))
+    assert torch.equal(st.global_tensor, torch.arange(6.0).view(3, 2))

@@ -82,6 +82,9 @@ __all__ = [
     "unwrap_sharded_tensor",
     "wrap_as_sharded_tensor",
     "wrap_if_sharded",
+    "XLAPatchedLinear",
+    "apply_backward_optimization_barrier",
+    "xla_patched_nn_linear_forward",
 ]
 
 #: A mesh axis, given by position or by name.
@@ -1036,6 +1039,23 @@ class ShardingSpec:
         """
         return len(t.shape) == len(self.partition_spec)
 
+    def apply(self, t: torch.Tensor) -> Any:
+        """Shards ``t`` with this spec's mesh and partition spec (as
+        ``mark_sharding(t, self.mesh, self.partition_spec)``).
+
+        Args:
+            t (torch.Tensor): the full tensor, the same on every rank.
+
+        Returns:
+            XLAShardedTensor: this rank's view of the sharded tensor.
+
+        Example:
+            >>> ShardingSpec(get_1d_mesh(), (0,)).apply(torch.arange(8.0))
+        """
+        from .sharded_tensor import mark_sharding
+
+        return mark_sharding(t, self.mesh, self.partition_spec)
+
     def shard_indices(self, global_shape: Sequence[int],
                       rank: int) -> ShardIndices:
         """Where ``rank``'s shard of a tensor of ``global_shape`` lies.
@@ -1280,6 +1300,73 @@ def assemble_shards(shards: Sequence[torch.Tensor], global_shape: Sequence[int],
 
 # Eager sharded tensors build on the algebra above and live in ringlet.sharded_tensor; they are
 # served from here lazily (PEP 562) so that either module can be imported first.
+class XLAPatchedLinear(torch.autograd.Function):
+    """``torch.nn.functional.linear`` written with einsum, as in torch_xla
+    (there it keeps sharded dimensions from being flattened by matmul; on
+    eager CPU tensors it computes the same values as ``F.linear``).
+
+    Example:
+        >>> y = XLAPatchedLinear.apply(x, layer.weight, layer.bias)
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, input: torch.Tensor, weight: torch.Tensor, bias: Any = None
+    ) -> torch.Tensor:
+        ctx.save_for_backward(input, weight, bias)
+        with torch.no_grad():
+            product = torch.einsum("...n,mn->...m", input, weight)
+            return product if bias is None else product + bias
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Any:  # type: ignore[override]
+        input, weight, bias = ctx.saved_tensors
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_input = torch.einsum("...m,mn->...n", grad_output, weight)
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.einsum("...m,...n->mn", grad_output, input)
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = torch.einsum("...m->m", grad_output)
+        return grad_input, grad_weight, grad_bias
+
+
+def xla_patched_nn_linear_forward(m: torch.nn.Module, input: torch.Tensor) -> torch.Tensor:
+    """The forward of ``nn.Linear`` ``m`` through :class:`XLAPatchedLinear`.
+
+    Args:
+        m (torch.nn.Module): an ``nn.Linear`` (anything with ``weight`` and ``bias``).
+        input (torch.Tensor): the input.
+
+    Returns:
+        torch.Tensor: ``input @ m.weight.T + m.bias``.
+
+    Example:
+        >>> y = xla_patched_nn_linear_forward(torch.nn.Linear(4, 2), torch.ones(3, 4))
+    """
+    return XLAPatchedLinear.apply(input, m.weight, m.bias)
+
+
+def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
+    """Registers a full backward hook on ``m`` marking an optimisation barrier
+    after its backward, as torch_xla does to stop the compiler fusing it with
+    other modules' backward. Eager execution never fuses across modules, so
+    the hook only forces the module's gradients to be materialised; values are
+    unchanged.
+
+    Args:
+        m (torch.nn.Module): the module.
+
+    Example:
+        >>> apply_backward_optimization_barrier(model.layers[0])
+    """
+
+    def optimization_barrier(module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
+        return None
+
+    m.register_full_backward_hook(optimization_barrier)
+
+
 _SHARDED_TENSOR_NAMES = frozenset({
     "XLAShard", "XLAShardedTensor", "clear_sharding", "disable_manual_sharding",
     "enable_manual_sharding", "mark_sharding", "unwrap_sharded_tensor",
