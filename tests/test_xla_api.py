@@ -891,3 +891,30 @@ def _param_of(t: torch.Tensor, params: list[nn.Parameter]) -> Any:
 def test_optimizer_step_matches_full_batch_training(world: int, transport: str) -> None:
     out = launch(world, training_run, transport=transport)
     assert len(out) == world
+
+
+def eager_helpers(rank: int, world: int) -> None:
+    seen: list[int] = []
+    ringlet.add_step_closure(seen.append, (1,))
+    ringlet.add_step_closure(lambda: seen.append(2))
+    assert seen == []
+    ringlet.mark_step()
+    assert seen == [1, 2]
+    ringlet.mark_step()
+    assert seen == [1, 2]
+    assert ringlet.xla_rendezvous(b"r%d" % rank) == [b"r%d" % r for r in range(world)]
+    with pytest.raises(ValueError, match="Only global rendezvous"):
+        ringlet.xla_rendezvous(b"", ordinals=[0])
+    with pytest.raises(TypeError, match="must be bytes"):
+        ringlet.xla_rendezvous("text")  # type: ignore[arg-type]
+    got = ringlet.do_on_ordinals(lambda a, b: a + b + rank, (1, 2), ordinals=[world - 1])
+    assert got == (3 + rank if rank == world - 1 else None)
+    assert ringlet.do_on_ordinals(lambda: rank, ordinals=0) == (0 if rank == 0 else None)
+    ringlet.optimization_barrier_([torch.ones(1)])
+    assert ringlet.xla_device() == torch.device("cpu")
+    ringlet.set_rng_state(1234)
+    assert ringlet.get_rng_state() == 1234
+
+
+def test_eager_helpers() -> None:
+    launch(2, eager_helpers)

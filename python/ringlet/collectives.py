@@ -31,6 +31,7 @@ __all__ = [
     "REDUCE_SUM",
     "CoalescingBuckets",
     "RateTracker",
+    "add_step_closure",
     "all_gather",
     "all_gather_bucketized",
     "all_reduce",
@@ -41,18 +42,25 @@ __all__ = [
     "broadcast_master_param",
     "collective_broadcast",
     "collective_permute",
+    "do_on_ordinals",
+    "get_rng_state",
     "is_master_ordinal",
+    "mark_step",
     "master_print",
     "mesh_reduce",
+    "optimization_barrier_",
     "optimizer_step",
+    "recv",
     "reduce_gradients",
     "reduce_scatter",
-    "recv",
     "reduce_scatter_bucketized",
     "rendezvous",
     "save",
     "send",
+    "set_rng_state",
     "wait_device_ops",
+    "xla_device",
+    "xla_rendezvous",
 ]
 
 REDUCE_SUM = "sum"
@@ -1253,3 +1261,159 @@ def recv(output: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
     comm, peer = runtime._pair(src)
     comm.recv(output.data_ptr(), _nbytes(output), name, peer, tag)
     return output
+
+
+# ----------------------------------------------------------------------------
+# Step closures, ordinals and devices: torch_xla's eager-meaningful helpers.
+
+_step_closures: list[Callable[[], Any]] = []
+
+
+def add_step_closure(
+    closure: Callable[..., Any], args: tuple[Any, ...] = (), run_async: bool = False
+) -> None:
+    """Queues ``closure(*args)`` to run at the next :func:`mark_step`, in the
+    order queued (torch_xla runs them after the step's graph executes; eager
+    tensors are always materialised, so ringlet just defers the call).
+
+    Args:
+      closure (callable): The function to call.
+      args (tuple): Its positional arguments. Default: ()
+      run_async (bool): Accepted for compatibility; closures run in order on
+        the calling thread.
+
+    Example:
+      >>> ringlet.add_step_closure(print, ("loss", loss.item()))
+      >>> ringlet.mark_step()
+    """
+    _step_closures.append(lambda a=args: closure(*a))
+
+
+def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
+    """Ends a step: runs the closures queued with :func:`add_step_closure`.
+    Eager execution has no pending graph to cut, so nothing else happens.
+
+    Args:
+      wait (bool): Accepted for compatibility (collectives are synchronous).
+      reset_scope (bool): Accepted for compatibility.
+
+    Example:
+      >>> ringlet.mark_step()
+    """
+    while _step_closures:
+        closure = _step_closures.pop(0)
+        closure()
+
+
+def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
+    """torch_xla's compiler barrier; eager execution never fuses across it,
+    so this returns without touching ``tensors``.
+
+    Args:
+      tensors (list): The tensors the barrier would apply to.
+
+    Example:
+      >>> ringlet.optimization_barrier_([grad])
+    """
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"rank {_rank()}: tensors must be a list of tensors")
+
+
+def xla_rendezvous(
+    payload: bytes = b"", ordinals: Optional[list[int]] = None, tag: Optional[str] = None
+) -> list[bytes]:
+    """Shares ``payload`` with every replica; torch_xla's global-only form of
+    :func:`rendezvous`.
+
+    Args:
+      payload (bytes): This replica's bytes.
+      ordinals (list, optional): Must be ``None``/empty or name every replica.
+      tag (str, optional): A name, for logging only.
+
+    Returns:
+      Every replica's payload, in ordinal order.
+
+    Raises:
+      ValueError: ``ordinals`` names only some replicas.
+      TypeError: ``payload`` is not bytes.
+
+    Example:
+      >>> ringlet.xla_rendezvous(b"ready")
+    """
+    if ordinals and len(ordinals) != world_size():
+        raise ValueError("Only global rendezvous is supported")
+    if not isinstance(payload, bytes):
+        raise TypeError(f"`payload` must be bytes, not {type(payload)}")
+    return rendezvous(tag or "xla_rendezvous", payload)
+
+
+def do_on_ordinals(
+    target: Callable[..., Any],
+    data: Any = (),
+    ordinals: Union[list[int], set[int], tuple[int, ...], int] = (0,),
+) -> Optional[Any]:
+    """Runs ``target(*data)`` only on the given ordinals, then has every
+    replica meet in a rendezvous.
+
+    Args:
+      target (callable): The function to run.
+      data: Its arguments (a tuple, or a single value).
+      ordinals (list, set or int): The ordinals that run it. Default: (0,)
+
+    Returns:
+      ``target``'s result on the ordinals that ran it, else ``None``.
+
+    Example:
+      >>> ringlet.do_on_ordinals(print, ("hello from 0",))
+    """
+    wanted = {ordinals} if isinstance(ordinals, int) else set(ordinals)
+    args = data if isinstance(data, tuple) else (data,)
+    result = target(*args) if get_ordinal() in wanted else None
+    rendezvous("ringlet.do_on_ordinals")
+    return result
+
+
+def xla_device(n: Optional[int] = None, devkind: Optional[str] = None) -> torch.device:
+    """The device ringlet's collectives work on: the CPU (so ``t.to(xla_device())``
+    in ported code keeps tensors where ringlet can reach them).
+
+    Args:
+      n (int, optional): Accepted for compatibility.
+      devkind (str, optional): Accepted for compatibility.
+
+    Returns:
+      ``torch.device("cpu")``.
+
+    Example:
+      >>> x = torch.ones(2, device=ringlet.xla_device())
+    """
+    return torch.device("cpu")
+
+
+def set_rng_state(seed: int, device: Optional[str] = None) -> None:
+    """Seeds torch's default generator (``torch.manual_seed``).
+
+    Args:
+      seed (int): The seed.
+      device (str, optional): Accepted for compatibility.
+
+    Example:
+      >>> ringlet.set_rng_state(1234)
+    """
+    torch.manual_seed(seed)
+
+
+def get_rng_state(device: Optional[str] = None) -> int:
+    """The seed of torch's default generator (``torch.initial_seed()``).
+
+    Args:
+      device (str, optional): Accepted for compatibility.
+
+    Returns:
+      The seed, as an int.
+
+    Example:
+      >>> ringlet.set_rng_state(7); ringlet.get_rng_state()
+      7
+    """
+    return int(torch.initial_seed())
