@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import socket
+import sys
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -272,6 +273,9 @@ def shutdown() -> None:
       False
     """
     global _state
+    tensor_api = sys.modules.get("ringlet.tensor")
+    if tensor_api is not None and _state is not None:
+        tensor_api.close_modules()  # their workers own communicators of this job
     with _lock:
         state, _state = _state, None
     if state is None:
