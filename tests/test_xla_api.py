@@ -912,6 +912,7 @@ def eager_helpers(rank: int, world: int) -> None:
     assert ringlet.do_on_ordinals(lambda: rank, ordinals=0) == (0 if rank == 0 else None)
     ringlet.optimization_barrier_([torch.ones(1)])
     assert ringlet.xla_device() == torch.device("cpu")
+    assert ringlet.xla_device_hw(ringlet.xla_device()) == "CPU"
     ringlet.set_rng_state(1234)
     assert ringlet.get_rng_state() == 1234
 

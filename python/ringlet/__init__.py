@@ -48,6 +48,7 @@ from .collectives import (
     set_rng_state,
     wait_device_ops,
     xla_device,
+    xla_device_hw,
     xla_rendezvous,
 )
 from .ddp import DistributedDataParallel
@@ -128,5 +129,6 @@ __all__ = [
     "wait_device_ops",
     "world_size",
     "xla_device",
+    "xla_device_hw",
     "xla_rendezvous",
 ]

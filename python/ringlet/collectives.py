@@ -60,6 +60,7 @@ __all__ = [
     "set_rng_state",
     "wait_device_ops",
     "xla_device",
+    "xla_device_hw",
     "xla_rendezvous",
 ]
 
@@ -1417,3 +1418,20 @@ def get_rng_state(device: Optional[str] = None) -> int:
       7
     """
     return int(torch.initial_seed())
+
+
+def xla_device_hw(device: Union[str, torch.device]) -> str:
+    """The hardware type of a device, as torch_xla reports it: ``"CPU"`` for
+    the CPU (where ringlet's collectives run), else the device type upper-cased.
+
+    Args:
+      device (str or torch.device): The device.
+
+    Returns:
+      A string such as ``"CPU"`` or ``"CUDA"``.
+
+    Example:
+      >>> ringlet.xla_device_hw(ringlet.xla_device())
+      'CPU'
+    """
+    return torch.device(device).type.upper()
