@@ -39,6 +39,17 @@ def two_level(rank: int, world: int, expect_hier: bool) -> None:
                 # Every rank ends with the same bits.
                 same = ringlet.all_gather(got.view(-1)[:3].clone().view(torch.uint8).view(-1))
                 assert torch.equal(same.view(world, -1), same.view(world, -1)[0].expand(world, -1))
+    # all_gather (dim 0 and 1) and broadcast from every root, two-level too.
+    for dtype in (torch.float32, torch.int8, torch.bool):
+        inputs = [make_input(dtype, r, 300007, salt=3) for r in range(world)]
+        got = ringlet.all_gather(inputs[rank])
+        assert torch.equal(got, torch.cat(inputs)), dtype
+        got = ringlet.all_gather(inputs[rank].view(1, -1), dim=1)
+        assert torch.equal(got, torch.cat(inputs).view(1, -1)), dtype
+        for root in range(world):
+            t = inputs[rank].clone()
+            ringlet.collective_broadcast([t], root_ordinal=root)
+            assert torch.equal(t, inputs[root]), (dtype, root)
     x = torch.full((300001,), float(rank + 1))
     out = ringlet.all_reduce("sum", [x, torch.ones(3)], scale=0.5)
     assert out[0][0].item() == sum(range(1, world + 1)) * 0.5
@@ -48,6 +59,10 @@ def two_level(rank: int, world: int, expect_hier: bool) -> None:
     with pytest.raises(ringlet.CollectiveMismatchError, match="disagree"):
         ringlet.all_reduce("sum", torch.ones(n))
     assert ringlet.all_reduce("sum", torch.ones(300000))[0].item() == world
+    with pytest.raises(ringlet.CollectiveMismatchError, match="disagree"):
+        ringlet.all_gather(torch.ones(n))
+    with pytest.raises(ringlet.CollectiveMismatchError, match="disagree"):
+        ringlet.collective_broadcast([torch.ones(300000)], root_ordinal=rank % 2)
 
 
 def test_two_hosts_two_ranks_each() -> None:

@@ -156,25 +156,38 @@ def _apply_scale(t: torch.Tensor, scale: float) -> None:
 _HIER_MIN_BYTES = 256 << 10
 
 
+def _two_level(comm: Any, nbytes: int) -> Optional[tuple[Any, Any]]:
+    """The (host, cross-host) communicators when a world collective of
+    ``nbytes`` should run in two levels (multi-host jobs, large messages)."""
+    hier = runtime._require().hier
+    if hier is None or comm is not runtime._world() or nbytes < _HIER_MIN_BYTES:
+        return None
+    return hier
+
+
+def _agree(comm: Any, op: str, fields: list[int], what: str) -> None:
+    """One small world-wide check before a two-level collective, so ranks
+    that disagree raise together, whichever host they are on."""
+    probe = torch.tensor(fields + [-f for f in fields], dtype=torch.int64)
+    comm.all_reduce(probe.data_ptr(), _nbytes(probe), "int64", "max")
+    k = len(fields)
+    if probe[:k].tolist() != (-probe[k:]).tolist():
+        raise CollectiveMismatchError(
+            f"rank {_rank()}: ranks disagree about the {op} ({what} differ between ranks)"
+        )
+
+
 def _engine_all_reduce(comm: Any, t: torch.Tensor, name: str, reduce_type: str) -> None:
     """One all-reduce of a contiguous tensor, in place: two-level (within
     hosts, then across) for large world all-reduces on multi-host jobs."""
-    hier = runtime._require().hier
-    if hier is None or comm is not runtime._world() or _nbytes(t) < _HIER_MIN_BYTES:
+    hier = _two_level(comm, _nbytes(t))
+    if hier is None:
         comm.all_reduce(t.data_ptr(), _nbytes(t), name, reduce_type)
         return
     local, cross = hier
-    # One small world-wide check first, so ranks that disagree about the size,
-    # dtype or reduce type all raise, whichever host they are on.
-    code = [t.numel(), list(_DTYPE_NAMES.values()).index(name), _REDUCE_TYPES.index(reduce_type)]
-    probe = torch.tensor(code + [-c for c in code], dtype=torch.int64)
-    comm.all_reduce(probe.data_ptr(), _nbytes(probe), "int64", "max")
-    if probe[:3].tolist() != (-probe[3:]).tolist():
-        raise CollectiveMismatchError(
-            f"rank {_rank()}: ranks disagree about the all_reduce (element count, dtype or "
-            f"reduce type differ between ranks; this rank has {t.numel()} x {name}, "
-            f"{reduce_type})"
-        )
+    code = [t.numel(), list(_DTYPE_NAMES).index(t.dtype), _REDUCE_TYPES.index(reduce_type)]
+    _agree(comm, "all_reduce", code, f"element count, dtype or reduce type; this rank has "
+           f"{t.numel()} x {name}, {reduce_type}")
     # Reduce-scatter within the host, all-reduce each shard across hosts,
     # all-gather within the host; the tail is padded to a multiple of the host size.
     k = -(-t.numel() // local.size)
@@ -187,6 +200,55 @@ def _engine_all_reduce(comm: Any, t: torch.Tensor, name: str, reduce_type: str) 
     cross.all_reduce(shard.data_ptr(), _nbytes(shard), name, reduce_type)
     local.all_gather(shard.data_ptr(), _nbytes(shard), work.data_ptr(), _nbytes(work), name)
     t.view(-1).copy_(work[: t.numel()])
+
+
+def _engine_all_gather(comm: Any, inp: torch.Tensor, out: torch.Tensor, name: str) -> None:
+    """All-gathers contiguous ``inp`` into ``out`` (rank blocks in rank
+    order): two-level on multi-host jobs (within hosts over shared memory,
+    then whole host blocks across hosts), else one engine call."""
+    hier = _two_level(comm, _nbytes(out))
+    if hier is None:
+        comm.all_gather(inp.data_ptr(), _nbytes(inp), out.data_ptr(), _nbytes(out), name)
+        return
+    local, cross = hier
+    _agree(comm, "all_gather", [inp.numel(), list(_DTYPE_NAMES).index(inp.dtype)],
+           f"element count or dtype; this rank has {inp.numel()} x {name}")
+    block = torch.empty(local.size * inp.numel(), dtype=inp.dtype)
+    local.all_gather(inp.data_ptr(), _nbytes(inp), block.data_ptr(), _nbytes(block), name)
+    layout = runtime.host_layout()
+    flat = out.view(-1)
+    if all(g == list(range(g[0], g[0] + len(g))) for g in layout) and [
+        g[0] for g in layout
+    ] == sorted(g[0] for g in layout):
+        # Hosts hold consecutive ranks: the host blocks are already in order.
+        cross.all_gather(block.data_ptr(), _nbytes(block), flat.data_ptr(), _nbytes(out), name)
+        return
+    hosts = torch.empty(len(layout), local.size, inp.numel(), dtype=inp.dtype)
+    cross.all_gather(block.data_ptr(), _nbytes(block), hosts.data_ptr(), _nbytes(hosts), name)
+    per_rank = flat.view(-1, inp.numel()) if inp.numel() else None
+    if per_rank is not None:
+        for h, g in enumerate(layout):
+            for i, r in enumerate(g):
+                per_rank[r].copy_(hosts[h, i])
+
+
+def _engine_broadcast(comm: Any, t: torch.Tensor, name: str, root: int) -> None:
+    """Broadcasts contiguous ``t`` from group rank ``root``: two-level on
+    multi-host jobs (across hosts among the root's local index, then within
+    every host), else one engine call."""
+    hier = _two_level(comm, _nbytes(t))
+    if hier is None:
+        comm.broadcast(t.data_ptr(), _nbytes(t), name, root)
+        return
+    local, cross = hier
+    _agree(comm, "broadcast", [t.numel(), list(_DTYPE_NAMES).index(t.dtype), root],
+           f"element count, dtype or root; this rank has {t.numel()} x {name} from {root}")
+    layout = runtime.host_layout()
+    root_host = next(h for h, g in enumerate(layout) if root in g)
+    root_local = layout[root_host].index(root)
+    if runtime.get_local_ordinal() == root_local:
+        cross.broadcast(t.data_ptr(), _nbytes(t), name, root_host)
+    local.broadcast(t.data_ptr(), _nbytes(t), name, root_local)
 
 
 def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, scale: float) -> None:
@@ -312,10 +374,10 @@ def _gather_one(
             )
     if dim == 0:
         target = output if output is not None else torch.empty(shape, dtype=value.dtype)
-        comm.all_gather(value.data_ptr(), _nbytes(value), target.data_ptr(), _nbytes(target), name)
+        _engine_all_gather(comm, value, target, name)
         return target
     stacked = torch.empty([n, *value.shape], dtype=value.dtype)
-    comm.all_gather(value.data_ptr(), _nbytes(value), stacked.data_ptr(), _nbytes(stacked), name)
+    _engine_all_gather(comm, value, stacked, name)
     result = stacked.movedim(0, dim).reshape(shape)
     if output is not None:
         output.copy_(result)
@@ -546,7 +608,7 @@ def collective_broadcast(
         if root is None:
             t.zero_()  # the whole group lacks the root: all of it ends with zeros
         else:
-            comm.broadcast(t.data_ptr(), _nbytes(t), name, root)
+            _engine_broadcast(comm, t, name, root)
 
 
 def barrier() -> None:
