@@ -46,6 +46,12 @@ def two_level(rank: int, world: int, expect_hier: bool) -> None:
         assert torch.equal(got, torch.cat(inputs)), dtype
         got = ringlet.all_gather(inputs[rank].view(1, -1), dim=1)
         assert torch.equal(got, torch.cat(inputs).view(1, -1)), dtype
+        if dtype != torch.bool:
+            for op in ("sum", "max"):
+                full = [make_input(dtype, r, world * 70001, salt=5) for r in range(world)]
+                got = ringlet.reduce_scatter(op, full[rank], 1.0, 0, world)
+                want = reduce(op, full).view(world, -1)[rank]
+                assert_matches(got, want, f"reduce_scatter {dtype} {op}")
         for root in range(world):
             t = inputs[rank].clone()
             ringlet.collective_broadcast([t], root_ordinal=root)

@@ -232,6 +232,38 @@ def _engine_all_gather(comm: Any, inp: torch.Tensor, out: torch.Tensor, name: st
                 per_rank[r].copy_(hosts[h, i])
 
 
+def _engine_reduce_scatter(
+    comm: Any, inp: torch.Tensor, out: torch.Tensor, name: str, reduce_type: str
+) -> None:
+    """Reduce-scatters contiguous ``inp`` (one block per rank, in rank order)
+    into ``out``: two-level on multi-host jobs, else one engine call. In two
+    levels the blocks are regrouped by local index, reduce-scattered within
+    the host (local index i keeps the blocks of every host's i-th rank), then
+    reduce-scattered across hosts."""
+    hier = _two_level(comm, _nbytes(inp))
+    if hier is None:
+        comm.reduce_scatter(
+            inp.data_ptr(), _nbytes(inp), out.data_ptr(), _nbytes(out), name, reduce_type
+        )
+        return
+    local, cross = hier
+    code = [inp.numel(), list(_DTYPE_NAMES).index(inp.dtype), _REDUCE_TYPES.index(reduce_type)]
+    _agree(comm, "reduce_scatter", code, f"element count, dtype or reduce type; this rank "
+           f"has {inp.numel()} x {name}, {reduce_type}")
+    layout = runtime.host_layout()
+    blocks = inp.view(comm.size, -1)
+    order = [layout[h][i] for i in range(local.size) for h in range(len(layout))]
+    regrouped = blocks[order].contiguous()  # local index major, host minor
+    mine = torch.empty(len(layout) * blocks.shape[1], dtype=inp.dtype)
+    local.reduce_scatter(
+        regrouped.data_ptr(), _nbytes(regrouped), mine.data_ptr(), _nbytes(mine), name,
+        reduce_type,
+    )
+    cross.reduce_scatter(
+        mine.data_ptr(), _nbytes(mine), out.data_ptr(), _nbytes(out), name, reduce_type
+    )
+
+
 def _engine_broadcast(comm: Any, t: torch.Tensor, name: str, root: int) -> None:
     """Broadcasts contiguous ``t`` from group rank ``root``: two-level on
     multi-host jobs (across hosts among the root's local index, then within
@@ -493,9 +525,7 @@ def _scatter_one(
             )
     front = value if dim == 0 else value.movedim(dim, 0).contiguous()
     block = torch.empty([front.shape[0] // n, *front.shape[1:]], dtype=value.dtype)
-    comm.reduce_scatter(
-        front.data_ptr(), _nbytes(front), block.data_ptr(), _nbytes(block), name, reduce_type
-    )
+    _engine_reduce_scatter(comm, front, block, name, reduce_type)
     _apply_scale(block, scale)
     result = block if dim == 0 else block.movedim(0, dim)
     if output is not None:
