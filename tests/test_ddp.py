@@ -142,3 +142,36 @@ def test_ddp_needs_init_and_a_positive_cap() -> None:
     finally:
         ringlet.tensor.close_modules()
         ringlet.shutdown()
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(3, 2)
+        self.b = torch.nn.Linear(3, 2)  # used on rank 0 only
+        self.c = torch.nn.Linear(3, 2)  # used on no rank
+
+    def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
+        return self.a(x) + (self.b(x) if use_b else 0)
+
+
+def find_unused(rank: int, world: int, find: bool) -> None:
+    torch.manual_seed(0)
+    model = ringlet.DistributedDataParallel(Branchy(), find_unused_parameters=find)
+    x = torch.full((2, 3), float(rank + 1))
+    model(x, rank == 0).sum().backward()
+    inner = model.module
+    # Used everywhere: the average of every rank's gradient.
+    want_a = sum(torch.full((2, 3), 2.0 * (r + 1)) for r in range(world)) / world
+    torch.testing.assert_close(inner.a.weight.grad, want_a)
+    # Used on rank 0 only: rank 0's gradient averaged with zeros.
+    torch.testing.assert_close(inner.b.weight.grad, torch.full((2, 3), 2.0) / world)
+    if find:
+        assert inner.c.weight.grad is None and inner.c.bias.grad is None
+    else:
+        assert torch.equal(inner.c.weight.grad, torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("find", [True, False])
+def test_unused_parameters(find: bool) -> None:
+    launch(2, find_unused, find)

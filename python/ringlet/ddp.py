@@ -58,6 +58,12 @@ class DistributedDataParallel(torch.nn.Module):
         other ranks when wrapping. Default: True.
       name (str, optional): The module name for the tensor API. Default:
         ``"ddp0"``, ``"ddp1"``, ... in wrapping order.
+      find_unused_parameters (bool): As in torch DDP: after each backward,
+        agree across ranks (one small all-reduce) on which parameters got no
+        gradient on any rank and leave their ``.grad`` as it was before the
+        step (``None`` after ``zero_grad()``), so optimizers skip them.
+        Without it such parameters get zero gradients. Either way a parameter
+        unused on some ranks never hangs the job. Default: False.
 
     Example:
       >>> ringlet.init()
@@ -76,6 +82,7 @@ class DistributedDataParallel(torch.nn.Module):
         average: bool = True,
         broadcast_parameters: bool = True,
         name: str | None = None,
+        find_unused_parameters: bool = False,
     ) -> None:
         super().__init__()
         if bucket_cap_mb <= 0:
@@ -87,6 +94,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync = True
         self._callback_queued = False
         self._marked: set[str] = set()
+        self._find_unused = find_unused_parameters
+        self._filled: dict[str, Any] = {}
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self._params = dict(named)
         comm = new_communicator(self.ringlet_module_name)
@@ -147,12 +156,21 @@ class DistributedDataParallel(torch.nn.Module):
         try:
             for n, p in self._params.items():
                 if n not in self._marked:
+                    self._filled[n] = p.grad  # None unless gradients accumulate
                     p.ringlet_ensure_grad()
                     p.ringlet_mark_communication_ready()
         finally:
+            used = [n in self._marked for n in self._params]
             self._marked.clear()
             self._callback_queued = False
             self._tensors.wait_pending_comm_ops()
+        filled, self._filled = self._filled, {}
+        if self._find_unused:
+            flags = torch.tensor(used, dtype=torch.uint8)
+            runtime._world().all_reduce(flags.data_ptr(), flags.numel(), "uint8", "max")
+            for (n, p), anywhere in zip(self._params.items(), flags.tolist()):
+                if not anywhere:  # no rank produced a gradient: restore it
+                    p.grad = filled.get(n)
 
 
 def _broadcast(comm: Any, tensors: list[torch.Tensor]) -> None:
