@@ -217,9 +217,7 @@ def _engine_all_gather(comm: Any, inp: torch.Tensor, out: torch.Tensor, name: st
     local.all_gather(inp.data_ptr(), _nbytes(inp), block.data_ptr(), _nbytes(block), name)
     layout = runtime.host_layout()
     flat = out.view(-1)
-    if all(g == list(range(g[0], g[0] + len(g))) for g in layout) and [
-        g[0] for g in layout
-    ] == sorted(g[0] for g in layout):
+    if [r for g in layout for r in g] == list(range(comm.size)):
         # Hosts hold consecutive ranks: the host blocks are already in order.
         cross.all_gather(block.data_ptr(), _nbytes(block), flat.data_ptr(), _nbytes(out), name)
         return
