@@ -62,7 +62,7 @@ impl<'a> Side<'a> {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             Side::Root(b) => b.len(),
             Side::Leaf(b) => b.len(),

@@ -21,13 +21,13 @@ impl Communicator {
         self.check_peer(peer, "send to")?;
         let me = self.rank();
         // The sender only reads; `Side::Root` never writes through the view.
-        self.p2p(buf.len(), dtype, me, tag, Side::Root(buf))
+        self.p2p(dtype, me, tag, Side::Root(buf))
     }
 
     /// Receives into `buf` what `peer` sends with the matching `tag`.
     pub fn recv(&mut self, buf: &mut [u8], dtype: DType, peer: usize, tag: u32) -> Result<()> {
         self.check_peer(peer, "receive from")?;
-        self.p2p(buf.len(), dtype, peer, tag, Side::Leaf(buf))
+        self.p2p(dtype, peer, tag, Side::Leaf(buf))
     }
 
     fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
@@ -41,8 +41,8 @@ impl Communicator {
         Ok(())
     }
 
-    fn p2p(&mut self, len: usize, dtype: DType, sender: usize, tag: u32, side: Side) -> Result<()> {
-        let count = super::elements(len, dtype, OP)?;
+    fn p2p(&mut self, dtype: DType, sender: usize, tag: u32, side: Side) -> Result<()> {
+        let count = super::elements(side.len(), dtype, OP)?;
         self.guarded(|c| {
             let packed = ((tag as usize) << 1) | sender;
             let desc = c.next_desc(OpKind::SendRecv, dtype, None, count, packed);
