@@ -156,6 +156,38 @@ pub fn read_peer_memory(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()>
     Ok(())
 }
 
+/// Copies `src` to address `remote` in process `pid` (cross-memory attach,
+/// one copy, no kernel buffer).
+pub fn write_peer_memory(pid: u32, remote: u64, src: &[u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < src.len() {
+        let local = libc::iovec {
+            iov_base: src[done..].as_ptr() as *mut libc::c_void,
+            iov_len: src.len() - done,
+        };
+        let remote_iov = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: src.len() - done,
+        };
+        // SAFETY: the local iovec covers exactly the readable slice
+        // `src[done..]`, which the kernel only reads; the remote iovec is
+        // interpreted (and validated) in the other process's address space.
+        let n =
+            unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote_iov, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_writev wrote nothing",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 /// True when the peer has closed (or reset) the stream `fd`: used to notice a
 /// dead process while waiting on shared memory. Never consumes data.
 pub fn stream_closed(fd: RawFd) -> bool {

@@ -8,11 +8,11 @@
 //! * staged (medium, or no cross-memory attach): pieces of half a slot. Per
 //!   piece, rank r owns part r: it reduces part r of every slot into its own
 //!   slot (phase), then every rank copies each owner's part out (phase).
-//! * single-copy (large, cross-memory attach): in rounds of 256 KiB per
-//!   part, rank r reads its piece of part r from each peer's buffer into a
-//!   cache-resident scratch and reduces it into its own buffer (phase), then
-//!   copies every other rank's freshly reduced piece straight out of its
-//!   owner's buffer; a last phase frees the buffers.
+//! * single-copy (large, cross-memory attach): rank r owns part r. In pieces
+//!   of 256 KiB it reads its piece from each peer's buffer into a
+//!   cache-resident scratch, reduces it into its own buffer and writes the
+//!   result, still in cache, into every peer's buffer. Parts are disjoint, so
+//!   the only phases are the first (addresses) and the last (all written).
 //!
 //! TCP: small messages are exchanged with every peer and reduced locally in
 //! rank order; larger ones use a ring reduce-scatter then a ring all-gather
@@ -79,32 +79,26 @@ fn shm_all_reduce(
         let addrs: Vec<u64> = (0..p)
             .map(|j| shm.peer_desc(j).map(|d| d.addr))
             .collect::<Result<_>>()?;
-        // Round k covers piece k of every rank's part: the owner reduces its
-        // piece, one phase, then everyone copies the freshly reduced pieces
-        // while they are still in the owners' caches.
-        let parts: Vec<_> = (0..p).map(|j| part_bytes(count, p, j, esz)).collect();
+        // Rank r owns part r. Piece by piece (cache-sized), it reads that
+        // piece from every peer's buffer, reduces it into its own buffer and
+        // writes the result straight into every peer's buffer. Nobody else
+        // reads or writes part r of any buffer meanwhile, so no phase is
+        // needed until the last one, which tells everyone all writes landed.
+        let own = part_bytes(count, p, r, esz);
         let piece = (CMA_PIECE / esz) * esz;
-        let rounds = parts[0].len().div_ceil(piece).max(1);
         let mut tmp = Reused::new((p - 1) * piece);
         let tmp = tmp.bytes();
-        let in_round = |j: usize, k: usize| {
-            let part = &parts[j];
-            let start = (part.start + k * piece).min(part.end);
-            start..(start + piece).min(part.end)
-        };
-        for k in 0..rounds {
-            let own = in_round(r, k);
-            let len = own.len();
+        for start in (own.start..own.end).step_by(piece) {
+            let range = start..(start + piece).min(own.end);
+            let len = range.len();
             let mut slots: Vec<&mut [u8]> = tmp.chunks_mut(piece).map(|c| &mut c[..len]).collect();
             for (slot, j) in slots.iter_mut().zip((0..p).filter(|&j| j != r)) {
-                shm.read_peer(j, addrs[j] + own.start as u64, slot, OP)?;
+                shm.read_peer(j, addrs[j] + start as u64, slot, OP)?;
             }
             let srcs: Vec<&[u8]> = slots.iter().map(|s| &**s).collect();
-            reduce::reduce_inplace(dtype, op, &mut buf[own], &srcs)?;
-            shm.sync(OP)?;
+            reduce::reduce_inplace(dtype, op, &mut buf[range.clone()], &srcs)?;
             for j in (0..p).filter(|&j| j != r) {
-                let theirs = in_round(j, k);
-                shm.read_peer(j, addrs[j] + theirs.start as u64, &mut buf[theirs], OP)?;
+                shm.write_peer(j, addrs[j] + start as u64, &buf[range.clone()], OP)?;
             }
         }
         return shm.sync(OP);

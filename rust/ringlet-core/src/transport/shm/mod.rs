@@ -342,6 +342,17 @@ impl ShmGroup {
         })
     }
 
+    /// Copies `src` to address `addr` in `peer`'s process (cross-memory
+    /// attach).
+    pub fn write_peer(&self, peer: usize, addr: u64, src: &[u8], op: &'static str) -> Result<()> {
+        sys::write_peer_memory(self.pids[peer], addr, src).map_err(|e| Error::PeerLost {
+            rank: self.rank,
+            peer,
+            op,
+            detail: format!("cross-memory write failed: {e}"),
+        })
+    }
+
     /// Marks this rank as having given up, so peers waiting on it fail fast.
     pub fn abort(&self) {
         self.seg
