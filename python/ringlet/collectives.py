@@ -108,7 +108,7 @@ def _as_tensor(x: Any, what: str) -> torch.Tensor:
 
 def _check(t: torch.Tensor, what: str) -> str:
     """Validates a tensor the engine will touch; returns its dtype name."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(
             f"rank {_rank()}: {what} is on device '{t.device}'; ringlet collectives take CPU "
             "tensors (move it with .cpu())"
@@ -146,6 +146,7 @@ def _apply_scale(t: torch.Tensor, scale: float) -> None:
         return
     if t.dtype == torch.bool:
         raise ValueError(f"rank {_rank()}: cannot scale a bool tensor by {scale}")
+    t = t.detach()
     if t.is_floating_point():
         t.mul_(scale)
     else:
@@ -159,8 +160,10 @@ _HIER_MIN_BYTES = 256 << 10
 def _two_level(comm: Any, nbytes: int) -> Optional[tuple[Any, Any]]:
     """The (host, cross-host) communicators when a world collective of
     ``nbytes`` should run in two levels (multi-host jobs, large messages)."""
+    if nbytes < _HIER_MIN_BYTES:
+        return None
     hier = runtime._require().hier
-    if hier is None or comm is not runtime._world() or nbytes < _HIER_MIN_BYTES:
+    if hier is None or comm is not runtime._world():
         return None
     return hier
 
@@ -289,6 +292,9 @@ def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, sc
         _engine_all_reduce(comm, t, _check(t, "input"), reduce_type)
         _apply_scale(t, scale)
         return
+    # The engine writes through raw pointers; the flatten/copy-back below goes
+    # through torch, so it works on views autograd does not track.
+    tensors = [t.detach() for t in tensors]
     names = [_check(t, f"inputs[{i}]") for i, t in enumerate(tensors)]
     small: dict[torch.dtype, list[torch.Tensor]] = {}
     for t, name in zip(tensors, names):
@@ -368,8 +374,11 @@ def all_reduce(
         _reduce_inplace(comm, [out], reduce_type, scale)
         return out.numpy() if isinstance(inputs, np.ndarray) else out
     if isinstance(inputs, (list, tuple)):
-        tensors = [_as_tensor(t, f"inputs[{i}]") for i, t in enumerate(inputs)]
-        _reduce_inplace(comm, [t.detach() for t in tensors], reduce_type, scale)
+        tensors = [
+            t if isinstance(t, torch.Tensor) else _as_tensor(t, f"inputs[{i}]")
+            for i, t in enumerate(inputs)
+        ]
+        _reduce_inplace(comm, tensors, reduce_type, scale)
         return inputs
     raise TypeError(
         f"rank {_rank()}: inputs must be a tensor or a list of tensors, got {type(inputs).__name__}"
