@@ -86,7 +86,7 @@ def _engine_options() -> dict[str, Any]:
         "force_tcp": mode == "tcp",
         "slot_bytes": _env_int("RINGLET_SHM_SLOT_BYTES", 8 << 20),
         "cma": os.environ.get("RINGLET_CMA", "1") not in ("0", "false", "False"),
-        "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", 1 << 20),
+        "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", 128 << 10),
         "small_bytes": _env_int("RINGLET_SMALL_BYTES", 64 << 10),
         "spins": _env_int("RINGLET_SPIN", 2000),
     }
@@ -225,6 +225,12 @@ def init(
         my_addr = _local_ip(addr)
         comm, hosts = _connect(store, f"{prefix}/world", rank, world, my_addr, float(wait))
         hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait))
+        if hier is not None:
+            # The two extra communicators connect through the store in pairs
+            # of groups that exclude some ranks: no rank may return (and, on
+            # rank 0 of an explicit init, take the store down with it) before
+            # every rank has connected both.
+            comm.barrier()
         _state = _State(rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier)
 
 

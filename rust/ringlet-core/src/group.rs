@@ -36,7 +36,7 @@ impl Default for Config {
             force_tcp: false,
             slot_bytes: 8 << 20,
             cma: true,
-            cma_threshold: 1 << 20,
+            cma_threshold: 128 << 10,
             small_bytes: 64 << 10,
             spins: 2000,
         }

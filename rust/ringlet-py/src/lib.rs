@@ -178,7 +178,7 @@ impl Communicator {
 
     /// Connects to every rank in the peer table (blocks without the GIL).
     #[staticmethod]
-    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=8<<20, cma=true, cma_threshold=1<<20, small_bytes=64<<10, spins=2000))]
+    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=8<<20, cma=true, cma_threshold=128<<10, small_bytes=64<<10, spins=2000))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,

@@ -9,7 +9,7 @@
 //!   piece, rank r owns part r: it reduces part r of every slot into its own
 //!   slot (phase), then every rank copies each owner's part out (phase).
 //! * single-copy (large, cross-memory attach): rank r owns part r. In pieces
-//!   of 256 KiB it reads its piece from each peer's buffer into a
+//!   of 128 KiB it reads its piece from each peer's buffer into a
 //!   cache-resident scratch, reduces it into its own buffer and writes the
 //!   result, still in cache, into every peer's buffer. Parts are disjoint, so
 //!   the only phases are the first (addresses) and the last (all written).

@@ -23,7 +23,7 @@ use std::ops::Range;
 
 /// Bytes per piece when reading a peer's memory directly: small enough that
 /// the pieces stay in cache while they are reduced.
-pub(crate) const CMA_PIECE: usize = 256 << 10;
+pub(crate) const CMA_PIECE: usize = 128 << 10;
 
 /// Messages up to this many bytes take the TCP direct-exchange path.
 pub(crate) const TCP_SMALL: usize = 64 << 10;
