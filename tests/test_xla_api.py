@@ -9,7 +9,9 @@ rules, transcribed below (``seed_coalescing_buckets``,
 
 from __future__ import annotations
 
+import collections
 import io
+import math
 import os
 import types
 from pathlib import Path
@@ -917,5 +919,70 @@ def eager_helpers(rank: int, world: int) -> None:
     assert ringlet.get_rng_state() == 1234
 
 
+def gather_via_all_reduce(rank: int, world: int) -> None:
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
+        for shape, dim in (((3,), 0), ((2, 3), 1), ((2, 3), -2), ((0, 4), 0)):
+            value = (torch.arange(math.prod(shape)).reshape(shape) + 10 * rank + 1).to(dtype)
+            got = ringlet._all_gather_using_all_reduce(value, dim=dim)
+            assert torch.equal(got, ringlet.all_gather(value, dim=dim)), (dtype, shape, dim)
+    if world == 4:
+        got = ringlet._all_gather_using_all_reduce(torch.tensor([rank]), groups=[[0, 2], [1, 3]])
+        assert got.tolist() == [rank % 2, rank % 2 + 2]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_all_gather_using_all_reduce(world: int) -> None:
+    launch(world, gather_via_all_reduce)
+
+
 def test_eager_helpers() -> None:
     launch(2, eager_helpers)
+
+
+def test_device_and_data_helpers() -> None:
+    t = torch.ones(2)
+    assert not ringlet.is_xla_tensor(t)
+    assert ringlet.get_xla_supported_devices() == ["cpu"]
+    assert ringlet.get_xla_supported_devices(max_devices=1) == ["cpu"]
+    assert ringlet.get_xla_supported_devices("TPU") is None
+    assert ringlet.xla_real_devices() == ["CPU:0"]
+    assert ringlet.xla_real_devices(["cpu", "cuda:1"]) == ["CPU:0", "CUDA:1"]
+    ringlet.unlazy([t])
+    with pytest.raises(TypeError):
+        ringlet.unlazy(t)  # type: ignore[arg-type]
+    info = ringlet.get_memory_info()
+    assert set(info) == {"bytes_used", "bytes_limit"}
+    assert 0 < info["bytes_used"] <= info["bytes_limit"]
+    # fork_rng restores the exact generator state, not just the seed
+    torch.manual_seed(3)
+    torch.rand(5)
+    with ringlet.fork_rng():
+        inner = torch.rand(4)
+    again = torch.rand(4)
+    assert torch.equal(inner, again)
+    with ringlet.fork_rng(enabled=False):
+        torch.rand(4)
+    assert not torch.equal(torch.rand(4), again)
+    # nested transforms keep structure; a lone tensor comes back in a list
+    Pair = collections.namedtuple("Pair", "a b")
+    data = {"x": t, "y": [t, (t, 3)], "z": Pair(t, "s"), "w": "keep"}
+    moved = ringlet.send_cpu_data_to_device(data, ringlet.xla_device())
+    assert moved["w"] == "keep" and moved["y"][1][1] == 3 and isinstance(moved["z"], Pair)
+    assert torch.equal(moved["z"].a, t)
+    single = ringlet.send_cpu_data_to_device(t, "cpu")
+    assert isinstance(single, list) and torch.equal(single[0], t)
+    arena = ringlet.ToXlaTensorArena(
+        lambda ts: [x * (i + 2) for i, x in enumerate(ts)],
+        lambda v: isinstance(v, torch.Tensor),
+    )
+    out = arena.transform({"a": torch.ones(1), "b": [torch.ones(1)]})
+    assert out["a"].item() == 2 and out["b"][0].item() == 3
+    bad = ringlet.ToXlaTensorArena(lambda ts: [], lambda v: isinstance(v, torch.Tensor))
+    with pytest.raises(ValueError, match="returned 0 tensors for 1"):
+        bad.transform([t])
+    # view sharing
+    w = torch.ones(4)
+    ringlet.check_view_sharing({"w": w, "again": w, "other": torch.ones(4), "e": torch.ones(0)})
+    shared = r"is sharing a view with tensor ID \d+ \(torch.float32\[4\]\)"
+    with pytest.raises(RuntimeError, match=shared):
+        ringlet.check_view_sharing([w, w[:2]])

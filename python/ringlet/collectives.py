@@ -8,11 +8,13 @@ memory directly, with the GIL released while it communicates.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
 import time
-from typing import Any, Callable, Optional, TextIO, Union
+from collections.abc import Iterator
+from typing import Any, Callable, Optional, TextIO, TypedDict, Union
 
 import numpy as np
 import torch
@@ -1534,3 +1536,315 @@ def xla_device_hw(device: Union[str, torch.device]) -> str:
       'CPU'
     """
     return torch.device(device).type.upper()
+
+
+def _all_gather_using_all_reduce(
+    value: torch.Tensor,
+    dim: int = 0,
+    groups: Optional[list[list[int]]] = None,
+    pin_layout: bool = True,
+) -> torch.Tensor:
+    """All-gather built from an all-reduce, as torch_xla's private helper does
+    it: each replica zero-pads its tensor to its own slot along ``dim`` and the
+    padded tensors are summed. Same result as :func:`all_gather`, more traffic.
+
+    Args:
+      value (torch.Tensor): The input tensor.
+      dim (int): The gather dimension (negative counts from the end). Default: 0
+      groups (list, optional): Replica groups, e.g. ``[[0, 1], [2, 3]]``.
+      pin_layout (bool, optional): Accepted for compatibility; no effect.
+
+    Returns:
+      A tensor holding every replica's ``value`` along ``dim``, in replica
+      order within the group.
+
+    Example:
+      >>> ringlet._all_gather_using_all_reduce(torch.tensor([ringlet.get_ordinal()]))
+      tensor([0, 1])   # on 2 ranks
+    """
+    value = _as_tensor(value, "value")
+    dim = _norm_dim(dim, value.dim(), "_all_gather_using_all_reduce")
+    comm = runtime._group(groups)
+    index, count = comm.rank, comm.size
+    shape = list(value.shape)
+    size = shape[dim]
+    shape[dim] = size * count
+    padded = torch.zeros(shape, dtype=value.dtype)
+    padded.narrow(dim, index * size, size).copy_(value)
+    if count == 1:
+        return padded
+    _reduce_inplace(comm, [padded], REDUCE_SUM if value.dtype != torch.bool else REDUCE_OR, 1.0)
+    return padded
+
+
+def is_xla_tensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` lives on an XLA device (never true for the tensors
+    ringlet works on, which are CPU tensors).
+
+    Args:
+      tensor (torch.Tensor): The tensor.
+
+    Returns:
+      ``tensor.device.type == "xla"``.
+
+    Example:
+      >>> ringlet.is_xla_tensor(torch.ones(1))
+      False
+    """
+    return tensor.device.type == "xla"
+
+
+def get_xla_supported_devices(
+    devkind: Optional[str] = None, max_devices: Optional[int] = None
+) -> Optional[list[str]]:
+    """The devices this process drives: one, the CPU (see :func:`xla_device`).
+
+    Args:
+      devkind (str, optional): A device kind such as ``"CPU"``; any other kind
+        has no devices here, so the result is ``None`` (as in torch_xla).
+      max_devices (int, optional): Return at most this many devices.
+
+    Returns:
+      ``["cpu"]`` (cut to ``max_devices``), or ``None`` for another ``devkind``.
+
+    Example:
+      >>> ringlet.get_xla_supported_devices()
+      ['cpu']
+    """
+    if devkind and devkind.upper() != "CPU":
+        return None
+    devices = [str(xla_device())]
+    return devices[:max_devices] if max_devices else devices
+
+
+def xla_real_devices(devices: Optional[list[Union[str, torch.device]]] = None) -> list[str]:
+    """The hardware names of devices, torch_xla style (``"CPU:0"``).
+
+    Args:
+      devices (list, optional): Devices such as ``["cpu"]``. Default: the
+        devices of :func:`get_xla_supported_devices`.
+
+    Returns:
+      One ``"<KIND>:<index>"`` string per device.
+
+    Example:
+      >>> ringlet.xla_real_devices()
+      ['CPU:0']
+    """
+    if not devices:
+        devices = list(get_xla_supported_devices() or [])
+    out = []
+    for d in devices:
+        dev = torch.device(d)
+        out.append(f"{xla_device_hw(dev)}:{dev.index or 0}")
+    return out
+
+
+def unlazy(tensors: list[torch.Tensor]) -> None:
+    """Blocks until ``tensors`` are materialised: eager tensors always are, so
+    this returns at once.
+
+    Args:
+      tensors (list): The tensors.
+
+    Example:
+      >>> ringlet.unlazy([torch.ones(2)])
+    """
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"unlazy takes a list of tensors, got {type(tensors).__name__}")
+
+
+@contextlib.contextmanager
+def fork_rng(device: Optional[str] = None, enabled: bool = True) -> Iterator[None]:
+    """Forks torch's default random generator: when the block exits, the
+    generator is back in the exact state it had on entry.
+
+    Args:
+      device (str, optional): Accepted for compatibility.
+      enabled (bool): ``False`` makes this a no-op (handy to switch forking
+        off without re-indenting). Default: True
+
+    Example:
+      >>> with ringlet.fork_rng():
+      ...     noise = torch.rand(3)   # does not advance the outer stream
+    """
+    if not enabled:
+        yield
+        return
+    state = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
+
+
+class MemoryInfo(TypedDict):
+    """Memory usage of a device, in bytes."""
+
+    bytes_used: int
+    bytes_limit: int
+
+
+def get_memory_info(device: Optional[torch.device] = None) -> MemoryInfo:
+    """Memory usage of the device ringlet works on: the host's memory.
+
+    Args:
+      device (torch.device, optional): Accepted for compatibility (ringlet's
+        device is the CPU).
+
+    Returns:
+      ``{"bytes_used": ..., "bytes_limit": ...}``: memory in use (total minus
+      available) and total memory, from ``/proc/meminfo``.
+
+    Example:
+      >>> ringlet.get_memory_info()
+      {'bytes_used': 3925868544, 'bytes_limit': 25769803776}
+    """
+    fields: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                fields[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    total = fields.get("MemTotal")
+    if total is None:
+        pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+        total = int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else 0
+    available = fields.get("MemAvailable", fields.get("MemFree", total))
+    return {"bytes_used": total - available, "bytes_limit": total}
+
+
+def _rewrite(obj: Any, select: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
+    """``obj`` with every leaf for which ``select`` holds replaced by ``fn(leaf)``,
+    through lists, tuples (named ones too), dicts and sets."""
+    if select(obj):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _rewrite(v, select, fn)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_rewrite(v, select, fn) for v in obj))
+    if isinstance(obj, (list, tuple, set)):
+        return type(obj)(_rewrite(v, select, fn) for v in obj)
+    return obj
+
+
+def _leaves(obj: Any, select: Callable[[Any], bool]) -> Iterator[Any]:
+    if select(obj):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v, select)
+    elif isinstance(obj, (list, tuple, set)):
+        for v in obj:
+            yield from _leaves(v, select)
+
+
+class ToXlaTensorArena:
+    """Converts every selected tensor inside a nested structure in one batch,
+    as torch_xla does before moving data to a device.
+
+    Args:
+      convert_fn (callable): Takes the list of selected tensors, returns the
+        list of their replacements (same length, same order).
+      select_fn (callable): Which leaves to convert.
+
+    Example:
+      >>> arena = ringlet.ToXlaTensorArena(lambda ts: [t * 2 for t in ts],
+      ...                                  lambda x: isinstance(x, torch.Tensor))
+      >>> arena.transform({"a": torch.ones(1), "b": [torch.ones(1)]})
+      {'a': tensor([2.]), 'b': [tensor([2.])]}
+    """
+
+    def __init__(
+        self,
+        convert_fn: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+        select_fn: Callable[[Any], bool],
+    ) -> None:
+        self._convert_fn = convert_fn
+        self._select_fn = select_fn
+
+    def transform(self, inputs: Any) -> Any:
+        """Returns ``inputs`` with every selected tensor replaced by its
+        converted counterpart."""
+        tensors = list(_leaves(inputs, self._select_fn))
+        converted = list(self._convert_fn(tensors)) if tensors else []
+        if len(converted) != len(tensors):
+            raise ValueError(
+                f"convert_fn returned {len(converted)} tensors for {len(tensors)} inputs"
+            )
+        it = iter(converted)
+        return _rewrite(inputs, self._select_fn, lambda _: next(it))
+
+
+def send_cpu_data_to_device(
+    datas: Any, device: Union[str, torch.device], input_sharding: Any = None
+) -> Any:
+    """Moves every CPU tensor inside a nested structure to ``device``.
+
+    Args:
+      datas: A tensor, or any nesting of lists, tuples, dicts and sets holding
+        tensors. A lone tensor is wrapped in a list, as in torch_xla.
+      device (str or torch.device): The destination device.
+      input_sharding (ShardingSpec, optional): When given, each moved tensor
+        is also marked sharded with it (``input_sharding.apply``).
+
+    Returns:
+      The same structure with the tensors moved.
+
+    Example:
+      >>> ringlet.send_cpu_data_to_device({"x": torch.ones(2)}, ringlet.xla_device())
+      {'x': tensor([1., 1.])}
+    """
+
+    def convert(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        moved = [t.to(device) for t in tensors]
+        if input_sharding is not None:
+            moved = [input_sharding.apply(t) for t in moved]
+        return moved
+
+    if type(datas) is torch.Tensor:
+        datas = [datas]
+    select = lambda v: type(v) is torch.Tensor and v.device.type == "cpu"  # noqa: E731
+    return ToXlaTensorArena(convert, select).transform(datas)
+
+
+def check_view_sharing(obj: Any) -> None:
+    """Raises if two different tensors inside ``obj`` share storage (views of
+    one another), which a checkpoint would silently duplicate or break.
+
+    Args:
+      obj: Any nesting of lists, tuples, dicts and sets holding tensors.
+
+    Raises:
+      RuntimeError: naming the two tensors (id, dtype and shape).
+
+    Example:
+      >>> w = torch.ones(4)
+      >>> ringlet.check_view_sharing({"w": w, "v": w[:2]})
+      Traceback (most recent call last):
+      RuntimeError: Tensor ID ... (torch.float32[2]) is sharing a view with tensor ID ...
+    """
+    seen: set[int] = set()
+    owners: dict[int, torch.Tensor] = {}
+
+    def info(t: torch.Tensor) -> str:
+        return f"{t.dtype}{list(t.size())}"
+
+    for t in _leaves(obj, lambda x: isinstance(x, torch.Tensor)):
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0:
+            continue
+        key = storage.data_ptr()
+        other = owners.get(key)
+        if other is not None:
+            raise RuntimeError(
+                f"Tensor ID {id(t)} ({info(t)}) is sharing a view with tensor ID "
+                f"{id(other)} ({info(other)})"
+            )
+        owners[key] = t
+
