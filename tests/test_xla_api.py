@@ -917,6 +917,13 @@ def eager_helpers(rank: int, world: int) -> None:
     assert ringlet.xla_device_hw(ringlet.xla_device()) == "CPU"
     ringlet.set_rng_state(1234)
     assert ringlet.get_rng_state() == 1234
+    # every collective shows up as a named range in torch.profiler traces
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ringlet.all_reduce(ringlet.REDUCE_SUM, torch.ones(3))
+        ringlet.all_gather(torch.ones(2))
+        ringlet.barrier()
+    ranges = [e.name for e in prof.events() if e.name.startswith("ringlet::")]
+    assert ranges == ["ringlet::all_reduce", "ringlet::all_gather", "ringlet::barrier"]
 
 
 def gather_via_all_reduce(rank: int, world: int) -> None:

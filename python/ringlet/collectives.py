@@ -9,16 +9,18 @@ memory directly, with the GIL released while it communicates.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any, Callable, Optional, TextIO, TypedDict, Union
+from typing import Any, Callable, Optional, TextIO, TypedDict, TypeVar, Union
 
 import numpy as np
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.autograd import profiler as _profiler
 
 from . import runtime
 from .errors import CollectiveMismatchError
@@ -96,6 +98,24 @@ TensorLike = Union[torch.Tensor, np.ndarray]
 
 def _rank() -> int:
     return get_ordinal()
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _traced(fn: _F) -> _F:
+    """Shows every call of ``fn`` as a ``ringlet::<name>`` range in
+    ``torch.profiler`` traces; costs one flag check when no profiler runs."""
+    label = f"ringlet::{fn.__name__.lstrip('_')}"
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        if not _profiler._is_profiler_enabled:
+            return fn(*args, **kwargs)
+        with torch.profiler.record_function(label):
+            return fn(*args, **kwargs)
+
+    return traced  # type: ignore[return-value]
 
 
 def _as_tensor(x: Any, what: str) -> torch.Tensor:
@@ -332,6 +352,7 @@ def _always_allreduce() -> bool:
         return raw.lower() in ("true", "yes", "on")
 
 
+@_traced
 def all_reduce(
     reduce_type: str,
     inputs: Union[TensorLike, list[TensorLike]],
@@ -426,6 +447,7 @@ def _gather_one(
     return result
 
 
+@_traced
 def all_gather(
     value: Union[torch.Tensor, list[torch.Tensor]],
     dim: int = 0,
@@ -543,6 +565,7 @@ def _scatter_one(
     return result.contiguous()
 
 
+@_traced
 def reduce_scatter(
     reduce_type: str,
     input: Union[torch.Tensor, list[torch.Tensor]],
@@ -602,6 +625,7 @@ def reduce_scatter(
     )
 
 
+@_traced
 def collective_broadcast(
     tensors: list[torch.Tensor],
     root_ordinal: int = 0,
@@ -650,6 +674,7 @@ def collective_broadcast(
             _engine_broadcast(comm, t, name, root)
 
 
+@_traced
 def barrier() -> None:
     """Blocks until every replica has called it.
 
@@ -659,6 +684,7 @@ def barrier() -> None:
     runtime._world().barrier()
 
 
+@_traced
 def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list[bytes]:  # noqa: B006
     """Waits for every replica to reach the named rendezvous and exchanges payloads.
 
@@ -705,6 +731,7 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list
     return [raw[i * longest : i * longest + int(sizes[i])] for i in range(n)]
 
 
+@_traced
 def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> Any:
     """Reduces an arbitrary picklable value across replicas.
 
@@ -915,6 +942,7 @@ class CoalescingBuckets:
         return self._out_tensors
 
 
+@_traced
 def all_gather_bucketized(
     input_list: list[torch.Tensor],
     dim: int = 0,
@@ -943,6 +971,7 @@ def all_gather_bucketized(
     return CoalescingBuckets(gather, input_list, output, bucket_cap_mb=bucket_cap_mb)()
 
 
+@_traced
 def reduce_scatter_bucketized(
     reduce_type: str,
     input_list: list[torch.Tensor],
@@ -975,6 +1004,7 @@ def reduce_scatter_bucketized(
     return CoalescingBuckets(scatter, input_list, output, bucket_cap_mb=bucket_cap_mb)()
 
 
+@_traced
 def all_reduce_bucketized_gradients(
     gradients: list[torch.Tensor],
     scale: float,
@@ -1010,6 +1040,7 @@ def _fetch_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     ]
 
 
+@_traced
 def reduce_gradients(
     optimizer: torch.optim.Optimizer,
     groups: Optional[list[list[int]]] = None,
@@ -1040,6 +1071,7 @@ def reduce_gradients(
         all_reduce(REDUCE_SUM, gradients, scale=1.0 / count, groups=groups, pin_layout=pin_layout)
 
 
+@_traced
 def optimizer_step(
     optimizer: torch.optim.Optimizer,
     barrier: bool = False,
@@ -1072,6 +1104,7 @@ def optimizer_step(
     return result
 
 
+@_traced
 def broadcast_master_param(model: torch.nn.Module) -> None:
     """Copies every parameter and buffer of ``model`` from ordinal 0 to all.
 
@@ -1107,6 +1140,7 @@ def _exchange(
     )
 
 
+@_traced
 def all_to_all(
     value: torch.Tensor,
     split_dimension: int,
@@ -1170,6 +1204,7 @@ def all_to_all(
     return received.movedim(0, cd).flatten(cd, cd + 1)
 
 
+@_traced
 def all_to_all_v(
     send: list[torch.Tensor],
     recv: list[torch.Tensor],
@@ -1226,6 +1261,7 @@ def all_to_all_v(
     return recv
 
 
+@_traced
 def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Tensor:
     """Performs a collective permute: for every ``(source, target)`` pair the
     source replica's ``value`` is sent to the target replica. Every replica
@@ -1309,6 +1345,7 @@ def _check_tag(tag: Any) -> int:
     return tag
 
 
+@_traced
 def send(value: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     """Sends ``value`` to rank ``dst``; returns once ``dst`` has received it.
 
@@ -1342,6 +1379,7 @@ def send(value: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     return value
 
 
+@_traced
 def recv(output: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
     """Receives into ``output`` the tensor rank ``src`` sends with ``tag``.
 
@@ -1538,6 +1576,7 @@ def xla_device_hw(device: Union[str, torch.device]) -> str:
     return torch.device(device).type.upper()
 
 
+@_traced
 def _all_gather_using_all_reduce(
     value: torch.Tensor,
     dim: int = 0,
