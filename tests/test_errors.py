@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -56,8 +57,15 @@ def bad_inputs(rank: int, world: int) -> None:
         ringlet.all_reduce("sum", torch.zeros(1), groups=[[0, 1, 5]])
     with pytest.raises(ValueError, match="same number of replicas"):
         ringlet.all_gather(torch.zeros(1), groups=[[0], [1, 2]])
+    frozen = np.frombuffer(np.ones(4, dtype=np.float32).tobytes(), dtype=np.float32)
+    with pytest.raises(ValueError, match=r"rank \d: inputs\[0\] is a read-only numpy array"):
+        ringlet.all_reduce("sum", [frozen])
+    with pytest.raises(ValueError, match="output is a read-only numpy array"):
+        ringlet.all_gather(np.ones(1, dtype=np.float32), output=frozen[:world])
     # Nothing was communicated by the failed calls: the next collective works.
     assert ringlet.all_reduce("sum", torch.ones(1)).item() == world
+    # a read-only array is fine where ringlet only reads it
+    assert ringlet.all_reduce("sum", frozen).tolist() == [float(world)] * 4
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

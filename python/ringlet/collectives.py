@@ -14,6 +14,7 @@ import io
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any, Callable, Optional, TextIO, TypedDict, TypeVar, Union
 
@@ -118,11 +119,22 @@ def _traced(fn: _F) -> _F:
     return traced  # type: ignore[return-value]
 
 
-def _as_tensor(x: Any, what: str) -> torch.Tensor:
+def _as_tensor(x: Any, what: str, write: bool = False) -> torch.Tensor:
+    """``x`` as a tensor (numpy arrays share memory); ``write``: the engine
+    writes into it, so a read-only array is refused instead of faulting."""
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, np.ndarray):
-        return torch.from_numpy(x)
+        if x.flags.writeable:
+            return torch.from_numpy(x)
+        if write:
+            raise ValueError(
+                f"rank {_rank()}: {what} is a read-only numpy array and ringlet writes into "
+                "it; pass a writable copy (np.array(x))"
+            )
+        with warnings.catch_warnings():  # torch warns about non-writable arrays
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(x)
     raise TypeError(
         f"rank {_rank()}: {what} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}"
     )
@@ -398,7 +410,7 @@ def all_reduce(
         return out.numpy() if isinstance(inputs, np.ndarray) else out
     if isinstance(inputs, (list, tuple)):
         tensors = [
-            t if isinstance(t, torch.Tensor) else _as_tensor(t, f"inputs[{i}]")
+            t if isinstance(t, torch.Tensor) else _as_tensor(t, f"inputs[{i}]", write=True)
             for i, t in enumerate(inputs)
         ]
         _reduce_inplace(comm, tensors, reduce_type, scale)
@@ -427,7 +439,7 @@ def _gather_one(
     shape = list(value.shape)
     shape[dim] *= n
     if output is not None:
-        output = _as_tensor(output, "output")
+        output = _as_tensor(output, "output", write=True)
         _check(output, "output")
         if list(output.shape) != shape or output.dtype != value.dtype:
             raise ValueError(
@@ -547,7 +559,7 @@ def _scatter_one(
     shape = list(value.shape)
     shape[dim] //= shard_count
     if output is not None:
-        output = _as_tensor(output, "output")
+        output = _as_tensor(output, "output", write=True)
         _check(output, "output")
         if list(output.shape) != shape or output.dtype != value.dtype:
             raise ValueError(
@@ -665,7 +677,7 @@ def collective_broadcast(
     if groups:
         mine = list(next(g for g in groups if _rank() in g))
         root = mine.index(root_ordinal) if root_ordinal in mine else None
-    checked = [_as_tensor(t, f"tensors[{i}]").detach() for i, t in enumerate(tensors)]
+    checked = [_as_tensor(t, f"tensors[{i}]", write=True).detach() for i, t in enumerate(tensors)]
     names = [_check(t, f"tensors[{i}]") for i, t in enumerate(checked)]
     for t, name in zip(checked, names):
         if root is None:
@@ -1241,7 +1253,7 @@ def all_to_all_v(
                 f"(one per group member), got {lst!r:.80}"
             )
     sends = [_as_tensor(t, f"send[{i}]") for i, t in enumerate(send)]
-    recvs = [_as_tensor(t, f"recv[{i}]") for i, t in enumerate(recv)]
+    recvs = [_as_tensor(t, f"recv[{i}]", write=True) for i, t in enumerate(recv)]
     dtype = sends[0].dtype
     for i, t in enumerate([*sends, *recvs]):
         what = f"send[{i}]" if i < n else f"recv[{i - n}]"
@@ -1395,7 +1407,7 @@ def recv(output: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
     Example:
       >>> buf = ringlet.recv(torch.empty(4), src=0)
     """
-    output = _as_tensor(output, "output")
+    output = _as_tensor(output, "output", write=True)
     name = _check(output, "output")
     src, tag = _check_peer(src, "source rank"), _check_tag(tag)
     comm, peer = runtime._pair(src)
