@@ -31,10 +31,10 @@ use crate::transport::{OpDesc, OpKind};
 const OP: &str = "all_reduce";
 
 /// Received bytes reduced at a time while a TCP ring step is in flight.
-const OVERLAP_BATCH: usize = 128 << 10;
+pub(crate) const OVERLAP_BATCH: usize = 128 << 10;
 
 /// Bytes a TCP ring step moves per chunk (the receive scratch's size).
-const TCP_CHUNK: usize = 1 << 20;
+pub(crate) const TCP_CHUNK: usize = 1 << 20;
 
 impl Communicator {
     /// Reduces `buf` (elements of `dtype`) across all ranks, in place.
@@ -178,22 +178,20 @@ pub(crate) fn tcp_all_reduce(
         return Ok(());
     }
     let count = buf.len() / esz;
-    ring_reduce_scatter(mesh, cfg, buf, dtype, op, 0)?;
+    ring_reduce_scatter(mesh, cfg, buf, dtype, op)?;
     ring_all_gather(mesh, cfg, buf, count, esz, 1)
 }
 
 /// Ring reduce-scatter over `p` parts of `buf`, in place. At step s rank r
-/// sends part `r - s + shift` to the next rank and reduces part
-/// `r - s - 1 + shift` (mod p) received from the previous one; after p-1 steps
-/// it owns the fully reduced part `r + 1 + shift` (so `shift = p - 1` leaves
-/// rank r with part r).
-pub(crate) fn ring_reduce_scatter(
+/// sends part `r - s` to the next rank and reduces part `r - s - 1` (mod p)
+/// received from the previous one; after p-1 steps it owns the fully reduced
+/// part `r + 1`, where the all-gather that follows starts.
+fn ring_reduce_scatter(
     mesh: &TcpMesh,
     cfg: &Config,
     buf: &mut [u8],
     dtype: DType,
     op: ReduceOp,
-    shift: usize,
 ) -> Result<()> {
     let (p, r) = (mesh.size(), mesh.rank());
     let esz = dtype.size();
@@ -203,8 +201,8 @@ pub(crate) fn ring_reduce_scatter(
     let mut tmp = Reused::new(chunk);
     let tmp = tmp.bytes();
     for s in 0..p - 1 {
-        let send = part_bytes(count, p, (r + p - s + shift) % p, esz);
-        let recv = part_bytes(count, p, (r + 2 * p - s - 1 + shift) % p, esz);
+        let send = part_bytes(count, p, (r + p - s) % p, esz);
+        let recv = part_bytes(count, p, (r + 2 * p - s - 1) % p, esz);
         let (out, dst) = split_ref_mut(buf, send, recv);
         // The step moves in chunks through a small, cache-resident scratch;
         // within a chunk, what has arrived is reduced while the rest is

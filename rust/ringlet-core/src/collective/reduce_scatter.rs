@@ -6,17 +6,18 @@
 //! rank order), or, for large inputs with cross-memory attach, rank r reads
 //! block r of each peer's input in cache-sized pieces and reduces them.
 //!
-//! TCP: ring reduce-scatter on a copy of the input, arranged so that rank r
-//! finishes owning block r; float16/bfloat16 travel as float32.
+//! TCP: ring reduce-scatter that reads the input in place and builds partial
+//! sums in two block-sized accumulators, arranged so that rank r finishes
+//! owning block r; float16/bfloat16 travel as float32.
 
-use super::{pieces, scratch, via_f32, Reused, CMA_PIECE};
-use crate::collective::all_reduce::ring_reduce_scatter;
+use super::{pieces, Reused, CMA_PIECE};
+use crate::collective::all_reduce::{OVERLAP_BATCH, TCP_CHUNK};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::{Communicator, Config, Link};
 use crate::reduce;
 use crate::transport::shm::ShmGroup;
-use crate::transport::tcp::TcpMesh;
+use crate::transport::tcp::{TcpMesh, Xfer};
 use crate::transport::{OpDesc, OpKind};
 
 const OP: &str = "reduce_scatter";
@@ -123,28 +124,92 @@ fn tcp_reduce_scatter(
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (m, p, r) = (output.len(), mesh.size(), mesh.rank());
-    if m == 0 {
+    if output.is_empty() {
         return Ok(());
     }
-    let mut work = scratch(input.len());
-    let work: &mut [u8] = &mut bytemuck::cast_slice_mut(&mut work)[..input.len()];
-    work.copy_from_slice(input);
     if matches!(dtype, DType::F16 | DType::BF16) {
-        let wm = m / dtype.size() * 4;
-        let mut mine = vec![0u8; 0];
-        via_f32(dtype, work, |wide| {
-            ring_reduce_scatter(mesh, cfg, wide, DType::F32, op, p - 1)?;
-            mine = wide[r * wm..(r + 1) * wm].to_vec();
-            Ok(())
-        })?;
-        let f: Vec<f32> = mine
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        return reduce::narrow_half(dtype, &f, output);
+        let mut wide_in = vec![0f32; input.len() / dtype.size()];
+        reduce::widen_half(dtype, input, &mut wide_in)?;
+        let mut wide_out = vec![0f32; output.len() / dtype.size()];
+        ring_reduce_scatter_from(
+            mesh,
+            cfg,
+            bytemuck::cast_slice(&wide_in),
+            bytemuck::cast_slice_mut(&mut wide_out),
+            DType::F32,
+            op,
+        )?;
+        return reduce::narrow_half(dtype, &wide_out, output);
     }
-    ring_reduce_scatter(mesh, cfg, work, dtype, op, p - 1)?;
-    output.copy_from_slice(&work[r * m..(r + 1) * m]);
+    ring_reduce_scatter_from(mesh, cfg, input, output, dtype, op)
+}
+
+/// Ring reduce-scatter that leaves `input` untouched; rank r ends with block
+/// r reduced in `output`. At step s rank r sends block r-s-1 to the next rank
+/// (its own input block at step 0, afterwards the partial sum it built in the
+/// step before) and builds the partial sum of block r-s-2 from its input
+/// block and what the previous rank sent. The last step's partial sum is
+/// block r, complete, written straight into `output`. Two block-sized
+/// accumulators take turns, so the input is never copied as a whole. Steps
+/// move in chunks through a cache-resident scratch, reducing what has arrived
+/// while the rest is in flight.
+fn ring_reduce_scatter_from(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    input: &[u8],
+    output: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, r, m, esz) = (mesh.size(), mesh.rank(), output.len(), dtype.size());
+    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    let block = |j: usize| &input[j * m..(j + 1) * m];
+    let chunk = (TCP_CHUNK / esz).max(1) * esz;
+    let mut tmp = Reused::new(chunk);
+    let tmp = tmp.bytes();
+    let mut accs = Reused::new(if p > 2 { 2 * m } else { 0 });
+    let (mut built, mut building) = accs.bytes().split_at_mut(if p > 2 { m } else { 0 });
+    for s in 0..p - 1 {
+        let src: &[u8] = if s == 0 {
+            block((r + 2 * p - 1) % p)
+        } else {
+            built
+        };
+        let mine = block((r + 2 * p - s - 2) % p);
+        let dst: &mut [u8] = if s == p - 2 {
+            &mut *output
+        } else {
+            &mut *building
+        };
+        for k in 0..m.div_ceil(chunk) {
+            let range = k * chunk..((k + 1) * chunk).min(m);
+            let len = range.len();
+            let (mine, dst) = (&mine[range.clone()], &mut dst[range.clone()]);
+            let mut reduced = 0;
+            mesh.transfer_with(
+                &mut [
+                    Xfer::send(next, &src[range]),
+                    Xfer::recv(prev, &mut tmp[..len]),
+                ],
+                OP,
+                cfg.timeout,
+                |x| {
+                    let got = x[1].received();
+                    let upto = got.len() - got.len() % esz;
+                    if upto - reduced >= OVERLAP_BATCH || upto == len {
+                        let srcs = [&mine[reduced..upto], &got[reduced..upto]];
+                        reduce::reduce_into(dtype, op, &mut dst[reduced..upto], &srcs)?;
+                        reduced = upto;
+                    }
+                    Ok(())
+                },
+            )?;
+            if reduced < len {
+                let srcs = [&mine[reduced..], &tmp[reduced..len]];
+                reduce::reduce_into(dtype, op, &mut dst[reduced..], &srcs)?;
+            }
+        }
+        std::mem::swap(&mut built, &mut building);
+    }
     Ok(())
 }
