@@ -328,6 +328,15 @@ def check_gather_scatter(rank: int, world: int) -> None:
         out = torch.empty(want_max.shape, dtype=torch.float64)
         got = ringlet.reduce_scatter(ringlet.REDUCE_MAX, mine, 1.0, dim, world, output=out)
         assert got is out and torch.equal(out, want_max)
+        out = torch.empty(want_sum.shape, dtype=torch.float64)
+        got = ringlet.reduce_scatter(ringlet.REDUCE_SUM, mine, 0.5, dim, world, output=out)
+        assert got is out and torch.equal(out, want_sum * 0.5)
+    # an output that overlaps the input (here: another rank's block of it) is safe
+    mine = torch.arange(4.0 * world) + rank
+    want = sum(torch.arange(4.0 * world) + r for r in range(world)).chunk(world)[rank]
+    alias = mine[4 * ((rank + 1) % world): 4 * ((rank + 1) % world) + 4]
+    got = ringlet.reduce_scatter(ringlet.REDUCE_SUM, mine, 1.0, 0, world, output=alias)
+    assert got is alias and torch.equal(alias, want)
     # list input (in place is the seed's wording: the results come back as a list)
     a = torch.arange(2 * world, dtype=torch.int32) * (rank + 1)
     b = torch.ones(3, 2 * world) * (rank + 1)

@@ -4,7 +4,9 @@ Run under torchrun; both libraries run in the same processes, alternating
 call by call, and rank 0 prints the median over samples (each a block of back-to-back calls,
 as nccl-tests times them) of latency, algbw and busbw (nccl-tests
 definitions: algbw = bytes / time; busbw = algbw * 2(n-1)/n for all_reduce and
-* (n-1)/n for all_gather, where bytes is the output size).
+* (n-1)/n for all_gather and reduce_scatter, where bytes is the larger of
+input and output: the gathered output, the full reduce_scatter input).
+reduce_scatter runs with --ops all_reduce,all_gather,reduce_scatter.
 
 Example:
   torchrun --nproc_per_node 2 -m ringlet.bench
@@ -62,7 +64,16 @@ def run(ops: list[str], sizes: list[int], budget: float) -> list[dict[str, float
 
                 def theirs(y: torch.Tensor = y) -> None:
                     dist.all_reduce(y)
-            else:
+            elif op == "reduce_scatter":
+                full = torch.ones(size // 4 // n * n)
+                mine = torch.empty(size // 4 // n)
+
+                def ours(full: torch.Tensor = full, mine: torch.Tensor = mine) -> None:
+                    ringlet.reduce_scatter(ringlet.REDUCE_SUM, full, 1.0, 0, n, output=mine)
+
+                def theirs(full: torch.Tensor = full, mine: torch.Tensor = mine) -> None:
+                    dist.reduce_scatter_tensor(mine, full)
+            elif op == "all_gather":
                 x = torch.ones(size // 4 // n)
                 out = torch.empty(size // 4 // n * n)
                 outs = list(out.chunk(n))
@@ -72,6 +83,8 @@ def run(ops: list[str], sizes: list[int], budget: float) -> list[dict[str, float
 
                 def theirs(x: torch.Tensor = x, outs: list[torch.Tensor] = outs) -> None:
                     dist.all_gather(outs, x)
+            else:
+                raise SystemExit(f"unknown op {op!r}: use all_reduce, all_gather, reduce_scatter")
 
             ours()
             theirs()  # warm-up (page faults, connections)

@@ -175,6 +175,12 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.nbytes
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte of memory."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
 def _apply_scale(t: torch.Tensor, scale: float) -> None:
     if scale == 1.0:
         return
@@ -567,6 +573,11 @@ def _scatter_one(
                 f"{output.dtype}; expected {tuple(shape)} and {value.dtype}"
             )
     front = value if dim == 0 else value.movedim(dim, 0).contiguous()
+    if output is not None and dim == 0 and not _overlaps(output, front):
+        # the engine writes straight into `output`
+        _engine_reduce_scatter(comm, front, output, name, reduce_type)
+        _apply_scale(output, scale)
+        return output
     block = torch.empty([front.shape[0] // n, *front.shape[1:]], dtype=value.dtype)
     _engine_reduce_scatter(comm, front, block, name, reduce_type)
     _apply_scale(block, scale)
