@@ -876,8 +876,11 @@ def training_run(rank: int, world: int) -> list[list[int]]:
 
     opt.zero_grad()
     nn.functional.mse_loss(model(x), y).backward()
+    ran: list[int] = []
+    ringlet.add_step_closure(ran.append, (rank,))
     got = ringlet.optimizer_step(opt, barrier=True, optimizer_args={"closure": closure})
     assert got.item() == 42.0 + rank
+    assert ran == [rank]  # barrier=True ends with mark_step(), which runs the closures
 
     # (e) groups: each half of 4 ranks trains on its own half of the batch
     if world == 4:
@@ -921,6 +924,10 @@ def eager_helpers(rank: int, world: int) -> None:
     got = ringlet.do_on_ordinals(lambda a, b: a + b + rank, (1, 2), ordinals=[world - 1])
     assert got == (3 + rank if rank == world - 1 else None)
     assert ringlet.do_on_ordinals(lambda: rank, ordinals=0) == (0 if rank == 0 else None)
+    got = ringlet.do_on_ordinals(lambda a, b: a * b, [3, 4], ordinals={0})  # a list unpacks too
+    assert got == (12 if rank == 0 else None)
+    assert ringlet.do_on_ordinals(len, "abc", ordinals=[0]) == (3 if rank == 0 else None)
+    assert ringlet.xrt_world_size() == world
     ringlet.optimization_barrier_([torch.ones(1)])
     assert ringlet.xla_device() == torch.device("cpu")
     assert ringlet.xla_device_hw(ringlet.xla_device()) == "CPU"

@@ -59,6 +59,7 @@ from .collectives import (
     xla_device_hw,
     xla_real_devices,
     xla_rendezvous,
+    xrt_world_size,
 )
 from .collectives import (
     _all_gather_using_all_reduce as _all_gather_using_all_reduce,
@@ -152,4 +153,5 @@ __all__ = [
     "xla_device_hw",
     "xla_real_devices",
     "xla_rendezvous",
+    "xrt_world_size",
 ]

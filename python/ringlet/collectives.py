@@ -1106,9 +1106,9 @@ def optimizer_step(
 
     Args:
       optimizer (torch.optim.Optimizer): The optimizer to step.
-      barrier (bool, optional): Also wait for every replica after the step
-        (torch_xla issues a graph barrier; eager ringlet has none to issue, so
-        this is a plain :func:`barrier`). Default: False
+      barrier (bool, optional): Run :func:`mark_step` after the step, as
+        torch_xla does (eager ringlet has no graph to cut, so this runs the
+        closures queued with :func:`add_step_closure`). Default: False
       optimizer_args (dict, optional): Keyword arguments of ``step()``.
       groups (list, optional): Replica groups for the gradient average.
       pin_layout (bool, optional): Accepted for compatibility; no effect.
@@ -1123,7 +1123,7 @@ def optimizer_step(
     reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     result = optimizer.step(**optimizer_args)
     if barrier:
-        globals()["barrier"]()
+        mark_step()
     return result
 
 
@@ -1136,6 +1136,7 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
     """
     tensors = [t.data for t in list(model.parameters()) + list(model.buffers())]
     collective_broadcast(tensors)
+    mark_step()
 
 
 # ----------------------------------------------------------------------------
@@ -1520,7 +1521,8 @@ def do_on_ordinals(
 
     Args:
       target (callable): The function to run.
-      data: Its arguments (a tuple, or a single value).
+      data: Its arguments: a tuple or list is unpacked into them, anything
+        else is passed as the only argument. Default: ()
       ordinals (list, set or int): The ordinals that run it. Default: (0,)
 
     Returns:
@@ -1530,11 +1532,28 @@ def do_on_ordinals(
       >>> ringlet.do_on_ordinals(print, ("hello from 0",))
     """
     wanted = {ordinals} if isinstance(ordinals, int) else set(ordinals)
-    args = data if isinstance(data, tuple) else (data,)
+    args = tuple(data) if isinstance(data, (tuple, list)) else (data,)
     result = target(*args) if get_ordinal() in wanted else None
     rendezvous("ringlet.do_on_ordinals")
     return result
 
+
+
+def xrt_world_size(defval: int = 1) -> int:
+    """The number of replicas: torch_xla's deprecated alias of
+    :func:`ringlet.world_size`, kept for ports.
+
+    Args:
+      defval (int, optional): Accepted for compatibility. Default: 1
+
+    Returns:
+      The world size.
+
+    Example:
+      >>> ringlet.xrt_world_size()
+      2
+    """
+    return world_size()
 
 def xla_device(n: Optional[int] = None, devkind: Optional[str] = None) -> torch.device:
     """The device ringlet's collectives work on: the CPU (so ``t.to(xla_device())``
