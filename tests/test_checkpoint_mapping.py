@@ -98,6 +98,8 @@ def test_from_rank_offsets_duplicate_axis() -> None:
 def test_from_rank_offsets_rejects_flattened_range() -> None:
     with pytest.raises(CheckpointingException, match="from_rank_offsets_flat"):
         ShardedTensor.from_rank_offsets("w", torch.zeros(4), flattened_range=slice(0, 4))
+    with pytest.raises(ValueError, match="from_rank_offsets_flat"):  # Megatron's type
+        ShardedTensor.from_rank_offsets("w", torch.zeros(4), flattened_range=slice(0, 4))
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,6 +223,18 @@ def test_direct_construction_normalises_shapes() -> None:
 def test_metadata_errors(overrides: dict, message: str) -> None:
     with pytest.raises(CheckpointingException, match=message):
         _make(**overrides)
+
+
+def test_irregular_pieces_without_a_grid() -> None:
+    # Without axis_fragmentations a piece may start anywhere (Megatron allows
+    # uneven pieces, e.g. for the distributed optimizer's flat state).
+    sh = _make(data=torch.zeros(3), local_shape=(3,), global_shape=(10,), global_offset=(4,),
+               axis_fragmentations=None)
+    assert sh.global_slice() == (slice(4, 7),)
+    assert not sh.has_regular_grid
+    with pytest.raises(CheckpointingException, match="not a multiple of the local size 3"):
+        _make(data=torch.zeros(3), local_shape=(3,), global_shape=(10,), global_offset=(4,),
+              axis_fragmentations=(3,))
 
 
 def test_validate_metadata_integrity_after_mutation() -> None:
@@ -496,3 +510,13 @@ def test_apply_factory_merges_errors() -> None:
         apply_factory_merges([1], {3: f})
     with pytest.raises(CheckpointingException, match="cannot merge int with dict at a"):
         apply_factory_merges({"a": 1}, {"a": {"b": f}})
+    # Megatron raises ValueError for all of these: the errors are both
+    with pytest.raises(ValueError, match="index -2 out of range"):
+        apply_factory_merges([1], {-2: f})
+    with pytest.raises(ValueError, match="missing"):
+        apply_factory_merges({"a": 1}, {"b": f})
+    # a negative index addresses the list from its end, as Python indexing does
+    merged = apply_factory_merges(
+        [0, {"top": torch.ones(1), "bottom": torch.zeros(1)}], {-1: f}
+    )
+    assert merged[1].tolist() == [1.0, 0.0]

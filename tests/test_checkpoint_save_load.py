@@ -430,6 +430,28 @@ def test_reshard_uneven_1d(tmp_path: pathlib.Path) -> None:
     ]
 
 
+def test_irregular_pieces_round_trip(tmp_path: pathlib.Path) -> None:
+    # Pieces off any chunk grid (axis_fragmentations=None): rows 0..3 and 3..10.
+    full = torch.arange(40, dtype=torch.float32).reshape(10, 4)
+
+    def piece(start: int, stop: int, data: torch.Tensor) -> ShardedTensor:
+        return ShardedTensor(
+            key="m", data=data, dtype=torch.float32, local_shape=tuple(data.shape),
+            global_shape=(10, 4), global_offset=(start, 0), axis_fragmentations=None,
+        )
+
+    save({"a": piece(0, 3, full[0:3].clone()), "b": piece(3, 10, full[3:10].clone())},
+         _ckpt(tmp_path))
+    halves = load(
+        {f"h{r}": ShardedTensor.from_rank_offsets("m", torch.zeros(5, 4), (0, r, 2))
+         for r in range(2)},
+        _ckpt(tmp_path),
+    )
+    assert torch.equal(halves["h0"], full[:5]) and torch.equal(halves["h1"], full[5:])
+    odd = load({"x": piece(1, 8, torch.zeros(7, 4))}, _ckpt(tmp_path))
+    assert torch.equal(odd["x"], full[1:8])
+
+
 def test_reshard_random_layouts_bit_exact(tmp_path: pathlib.Path) -> None:
     gen = torch.Generator().manual_seed(1)
     full = torch.randn(6, 4, 10, generator=gen).to(torch.bfloat16)

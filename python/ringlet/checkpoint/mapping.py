@@ -113,6 +113,16 @@ class ShardedBase(ABC):
         """
 
 
+
+class _MergeError(CheckpointingException, ValueError):
+    """A state dict that does not fit the factories merging into it (also a
+    ValueError, as Megatron raises)."""
+
+
+class _FactoryArgumentError(CheckpointingException, ValueError):
+    """A constructor argument the factory does not accept (also a ValueError,
+    as Megatron raises)."""
+
 @dataclass
 class ShardedTensor(ShardedBase):
     """A local tensor together with its place in a global tensor.
@@ -221,8 +231,10 @@ class ShardedTensor(ShardedBase):
         for axis, (off, size) in enumerate(
             zip(self.global_offset[self.prepend_axis_num :], self.local_shape)
         ):
-            # An empty local piece (size 0) may sit anywhere.
-            if size != 0 and off % size != 0:
+            # Only a tensor that declares a chunk grid must sit on it; without
+            # axis_fragmentations any box is allowed (as in Megatron), and an
+            # empty local piece (size 0) may sit anywhere.
+            if self.axis_fragmentations is not None and size != 0 and off % size != 0:
                 raise CheckpointingException(
                     f"{self}: global offset {off} along axis {axis + self.prepend_axis_num} is "
                     "not a "
@@ -425,7 +437,7 @@ class ShardedTensor(ShardedBase):
             ((2, 9), (0, 6), (1, 3))
         """
         if flattened_range is not None:
-            raise CheckpointingException(
+            raise _FactoryArgumentError(
                 f"ShardedTensor(key={key!r}): from_rank_offsets builds non-flat tensors only; "
                 "use from_rank_offsets_flat for a flattened range"
             )
@@ -988,7 +1000,7 @@ def apply_factory_merges(
     if isinstance(x1, dict) and isinstance(x2, dict):
         for k, v2 in x2.items():
             if k not in x1:
-                raise CheckpointingException(
+                raise _MergeError(
                     f"apply_factory_merges: key {k!r} at {where} is missing from the loaded "
                     "state dict "
                     f"(loaded keys: {sorted(map(str, x1))})"
@@ -996,26 +1008,26 @@ def apply_factory_merges(
             x1[k] = apply_factory_merges(x1[k], v2, key=(*key, k))
     elif isinstance(x1, list) and isinstance(x2, list):
         if len(x1) != len(x2):
-            raise CheckpointingException(
+            raise _MergeError(
                 f"apply_factory_merges: lists of different lengths ({len(x1)} and {len(x2)}) at "
                 f"{where}"
             )
         for i, v2 in enumerate(x2):
-            x1[i] = apply_factory_merges(x1[i], v2, key=(*key, str(i)))
+            x1[i] = apply_factory_merges(x1[i], v2, key=(*key, i))
     elif isinstance(x1, list) and isinstance(x2, dict):
         for k, v2 in x2.items():
             if not isinstance(k, int):
-                raise CheckpointingException(
+                raise _MergeError(
                     f"apply_factory_merges: non-integer key {k!r} addresses a list at {where}"
                 )
-            if not 0 <= k < len(x1):
-                raise CheckpointingException(
+            if not -len(x1) <= k < len(x1):
+                raise _MergeError(
                     f"apply_factory_merges: index {k} out of range for a list of length "
                     f"{len(x1)} at {where}"
                 )
-            x1[k] = apply_factory_merges(x1[k], v2, key=(*key, str(k)))
+            x1[k] = apply_factory_merges(x1[k], v2, key=(*key, k))
     else:
-        raise CheckpointingException(
+        raise _MergeError(
             f"apply_factory_merges: cannot merge {type(x1).__name__} with {type(x2).__name__} at "
             f"{where}"
         )
