@@ -21,6 +21,7 @@ import torch
 
 import ringlet
 from ringlet import sharded_tensor as stm
+from ringlet.errors import ShardingSpecError
 from ringlet.sharding import (
     Mesh,
     ShardingSpec,
@@ -70,7 +71,29 @@ HAND_WORKED: dict[tuple[tuple[int, ...], Any], dict[int, tuple[Any, ...]]] = {
         2: ((0, 7), (4, 5), (7, 2), 0),
         3: ((0, 7), (5, 5), (7, 2), 0),  # wholly padding
     },
-    ((1, 4), (0, None)): {r: ((0, 7), (0, 5), (7, 5), r) for r in range(4)},
+    # PARTIAL with a single replication group: read back as REPLICATED, indices are `...`
+    ((1, 4), (0, None)): {r: (None, None, (7, 5), r) for r in range(4)},
+}
+
+R = ShardingType.REPLICATED
+T = ShardingType.TILED
+P = ShardingType.PARTIAL
+
+# (mesh shape, spec) -> (type built by get_op_sharding, type torch_xla reads back), by hand.
+HAND_TYPES: dict[tuple[tuple[int, ...], Any], tuple[ShardingType, ShardingType]] = {
+    ((4,), (0, None)): (P, T),            # four singleton replication groups
+    ((4,), (None, 0)): (P, T),
+    ((4,), (None, None)): (R, R),
+    ((2, 2), (0, None)): (P, P),          # two groups of two
+    ((2, 2), (None, 1)): (P, P),
+    ((2, 2), ((0, 1), None)): (P, T),
+    ((2, 2), (1, 0)): (T, T),
+    ((2, 2), (None, None)): (R, R),
+    ((1, 4), (0, None)): (P, R),          # a single group of four
+    ((1, 4), (None, 1)): (P, T),
+    ((1, 4), ((0, 1), None)): (P, T),
+    ((1, 4), (1, 0)): (T, T),
+    ((1, 4), (None, None)): (R, R),
 }
 
 
@@ -108,6 +131,26 @@ def ref_layout(shape: tuple[int, ...], mesh_shape: tuple[int, ...], spec: Any,
             if all(np.argwhere(grid == r)[0][a] == coords[a] for a in used)]
     replica = same.index(rank) if len(same) > 1 else 0
     return tuple(slices), tuple(padded), replica
+
+
+def ref_kind(shape: tuple[int, ...], mesh_shape: tuple[int, ...], spec: Any) -> ShardingType:
+    """The read-back type: REPLICATED when no dimension is split, TILED when no rank
+    shares its tile, PARTIAL otherwise."""
+    tiles = 1
+    for entry in spec:
+        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        tiles *= math.prod(mesh_shape[a] for a in axes)
+    if tiles == 1:
+        return ShardingType.REPLICATED
+    return ShardingType.TILED if tiles == math.prod(mesh_shape) else ShardingType.PARTIAL
+
+
+def ref_indices(shape: tuple[int, ...], mesh_shape: tuple[int, ...], spec: Any,
+                rank: int) -> Any:
+    """torch_xla's XLAShard.indices: `...` when replicated, else a list of step-1 slices."""
+    if len(shape) == 0 or ref_kind(shape, mesh_shape, spec) is ShardingType.REPLICATED:
+        return Ellipsis
+    return [slice(s.start, s.stop, 1) for s in ref_layout(shape, mesh_shape, spec, rank)[0]]
 
 
 def expected_shard(full: torch.Tensor, mesh_shape: tuple[int, ...], spec: Any,
@@ -153,7 +196,14 @@ def check_layout(st: XLAShardedTensor, full: torch.Tensor, mesh_shape: tuple[int
     shards = st.local_shards
     assert len(shards) == 1, what
     shard = shards[0]
-    assert shard.indices == slices, f"{what}: indices {shard.indices} != {slices}"
+    want = ref_indices(tuple(full.shape), mesh_shape, spec, rank)
+    if want is Ellipsis:
+        assert shard.indices is Ellipsis, f"{what}: indices {shard.indices} != ..."
+    else:
+        assert isinstance(shard.indices, list), f"{what}: indices {shard.indices!r}"
+        assert shard.indices == want, f"{what}: indices {shard.indices} != {want}"
+        assert all(s.step == 1 for s in shard.indices), what
+    assert st.sharding_type is ref_kind(tuple(full.shape), mesh_shape, spec), what
     assert tuple(shard.data.shape) == padded, f"{what}: padded shape {shard.data.shape}"
     assert shard.replica_id == replica, f"{what}: replica {shard.replica_id} != {replica}"
     assert torch.equal(shard.data, expected_shard(full, mesh_shape, spec, rank)), what
@@ -184,9 +234,14 @@ def _sweep(rank: int, quick: bool) -> int:
             if hand is not None:
                 rows, cols, padded, replica = hand[rank]
                 shard = st.local_shards[0]
-                assert shard.indices == (slice(*rows), slice(*cols)), what
+                if rows is None:
+                    assert shard.indices is Ellipsis, what
+                else:
+                    assert shard.indices == [slice(*rows, 1), slice(*cols, 1)], what
                 assert tuple(shard.data.shape) == padded and shard.replica_id == replica, what
-            assert st.sharding_type == mesh.get_op_sharding(spec).sharding_type, what
+            built, read_back = HAND_TYPES[(mesh_shape, spec)]
+            assert mesh.get_op_sharding(spec).sharding_type is built, what
+            assert st.sharding_type is read_back, what
             assert torch.equal(st.global_tensor, full), f"{what}: global round trip"
             assert torch.equal(clear_sharding(st), full), what
             # from local shards: unpadded and padded, with and without the global shape
@@ -233,7 +288,7 @@ def _sweep(rank: int, quick: bool) -> int:
     coords = {3: (0, 0), 1: (0, 1), 2: (1, 0), 0: (1, 1)}[rank]
     rows = [(0, 4), (4, 7)][coords[1]]
     cols = [(0, 3), (3, 5)][coords[0]]
-    assert st.local_shards[0].indices == (slice(*rows), slice(*cols))
+    assert st.local_shards[0].indices == [slice(*rows, 1), slice(*cols, 1)]
     assert torch.equal(st.global_tensor, full)
     assert torch.equal(st.reshard((("data", "model"), None)).global_tensor, full)
     checked += 1
@@ -251,6 +306,8 @@ def api_checks(rank: int, world: int) -> int:
     wrapped = wrap_as_sharded_tensor(plain)
     assert wrapped.sharding_type == ShardingType.REPLICATED
     assert wrapped.local_shards[0].replica_id == rank
+    assert wrapped.local_shards[0].indices is Ellipsis
+    assert torch.equal(wrapped.local_shards[0].unpadded_data, full)
     assert torch.equal(wrapped.global_tensor, full)
     assert wrap_as_sharded_tensor(wrapped) is wrapped
     assert unwrap_sharded_tensor(plain) is plain
@@ -280,6 +337,7 @@ def api_checks(rank: int, world: int) -> int:
     checked += 1
 
     # manual sharding round trip, with an explicit and with the global mesh
+    read_back = {("data", None): P, (None, ("data", "model")): T, ("model", "data"): T}
     for spec in [("data", None), (None, ("data", "model")), ("model", "data")]:
         m = enable_manual_sharding(full, spec, mesh=mesh)
         assert m.sharding_type == ShardingType.MANUAL
@@ -287,7 +345,7 @@ def api_checks(rank: int, world: int) -> int:
         assert torch.equal(local, expected_shard(full, (2, 2), _index_spec(spec), rank))
         assert m.global_shape == local.shape
         y = disable_manual_sharding(local * 3 + 1, spec, full.shape, mesh=mesh)
-        assert y.sharding_type == mesh.get_op_sharding(spec).sharding_type
+        assert y.sharding_type is read_back[spec]
         assert torch.equal(y.global_tensor, full * 3 + 1), spec
         z = disable_manual_sharding(m, spec, full.shape, mesh=mesh)
         assert torch.equal(z.global_tensor, full)
@@ -308,6 +366,14 @@ def api_checks(rank: int, world: int) -> int:
     # error cases: each names the rank and the problem
     with pytest.raises(ValueError, match=rf"rank {rank}: .*2 devices but the job has 4 ranks"):
         mark_sharding(full, Mesh([0, 1], (2,)), (0, None))
+    with pytest.raises(AssertionError, match="2 devices but the job has 4 ranks"):
+        mark_sharding(full, Mesh([0, 1], (2,)), (0, None))
+    with pytest.raises(AssertionError, match=r"spec length \(1\).*input rank \(2\)"):
+        mark_sharding(full, mesh, ("data",))
+    with pytest.raises(ShardingSpecError, match=rf"rank {rank}: .*at most once"):
+        mark_sharding(full, mesh, ("data", "data"))
+    with pytest.raises(AssertionError, match="out of range"):
+        mark_sharding(full, Mesh(list(range(4)), (4,)), (None, 1))
     with pytest.raises(ValueError, match=rf"rank {rank}: .*axis name 'nope'"):
         mark_sharding(full, mesh, ("nope", None))
     with pytest.raises(ValueError, match=rf"rank {rank}: .*spec length \(1\).*input rank \(2\)"):
@@ -323,6 +389,58 @@ def api_checks(rank: int, world: int) -> int:
         mark_sharding(full, mesh, "data")
     with pytest.raises(TypeError, match=r"needs a torch\.Tensor"):
         mark_sharding([1, 2], mesh, (0,))
+    checked += 1
+    return checked
+
+
+def read_back_checks(rank: int, world: int) -> int:
+    """XLAShard.indices forms and the read-back sharding type, against hand-worked values."""
+    checked = 0
+    # an uneven split over 4 ranks: 10 = 3 + 3 + 3 + 1, the last shard zero padded
+    st = mark_sharding(torch.arange(1.0, 11.0), Mesh(range(4), (4,)), (0,))
+    shard = st.local_shards[0]
+    assert st.sharding_type is ShardingType.TILED and shard.replica_id == 0
+    assert shard.indices == [[slice(0, 3, 1)], [slice(3, 6, 1)], [slice(6, 9, 1)],
+                             [slice(9, 10, 1)]][rank]
+    data = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [10.0, 0.0, 0.0]][rank]
+    assert shard.data.tolist() == data
+    assert shard.unpadded_data.tolist() == (data if rank < 3 else [10.0])
+    checked += 1
+
+    # a PARTIAL spec whose replication groups have one member each reads back as TILED
+    mesh41 = Mesh(range(4), (4, 1), ("x", "y"))
+    st = mark_sharding(full_tensor((4, 2)), mesh41, ("x", None))
+    assert mesh41.get_op_sharding(("x", None)).sharding_type is ShardingType.PARTIAL
+    assert mesh41.get_op_sharding(("x", None)).replication_groups == [[0], [1], [2], [3]]
+    assert st.sharding_type is ShardingType.TILED
+    assert st.local_shards[0].indices == [slice(rank, rank + 1, 1), slice(0, 2, 1)]
+    assert st.local_shards[0].replica_id == 0
+    checked += 1
+
+    # a PARTIAL spec with a single replication group reads back as REPLICATED
+    mesh14 = Mesh(range(4), (1, 4), ("x", "y"))
+    st = mark_sharding(full_tensor((3, 2)), mesh14, ("x", None))
+    assert mesh14.get_op_sharding(("x", None)).replication_groups == [[0, 1, 2, 3]]
+    assert mesh14.get_op_sharding(("x", None)).sharding_type is ShardingType.PARTIAL
+    assert st.sharding_type is ShardingType.REPLICATED
+    assert st.local_shards[0].indices is Ellipsis and st.local_shards[0].replica_id == rank
+    assert torch.equal(st.local_shards[0].unpadded_data, full_tensor((3, 2)))
+    checked += 1
+
+    # a 0-d tensor is always replicated: indices are `...`
+    st = mark_sharding(torch.tensor(2.5), Mesh(range(4), (2, 2)), ())
+    assert st.sharding_type is ShardingType.REPLICATED
+    shard = st.local_shards[0]
+    assert shard.indices is Ellipsis and shard.replica_id == rank
+    assert shard.data.shape == torch.Size([]) and shard.unpadded_data.item() == 2.5
+    assert st.global_tensor.item() == 2.5
+    checked += 1
+
+    # a MANUAL tensor stays MANUAL; its indices cover the local shard
+    m = enable_manual_sharding(full_tensor((7, 5)), ("x", None), mesh=Mesh(range(4), (4, 1),
+                                                                          ("x", "y")))
+    assert m.sharding_type is ShardingType.MANUAL
+    assert m.local_shards[0].indices == [slice(0, 2, 1), slice(0, 5, 1)]
     checked += 1
     return checked
 
@@ -352,6 +470,7 @@ def shm_suite(rank: int, world: int) -> dict[str, tuple[str, Any]]:
     parts = {
         "sweep": lambda: sweep(rank, world, False),
         "api": lambda: api_checks(rank, world),
+        "read_back": lambda: read_back_checks(rank, world),
         "linear": lambda: run_linear_example(rank, world),
     }
     results: dict[str, tuple[str, Any]] = {}
@@ -384,6 +503,10 @@ def test_api_manual_sharding_and_errors(shm_results: Any) -> None:
     assert part(shm_results, "api") == {r: 7 for r in range(4)}
 
 
+def test_shard_indices_forms_and_read_back_sharding_type(shm_results: Any) -> None:
+    assert part(shm_results, "read_back") == {r: 5 for r in range(4)}
+
+
 def test_sharded_linear_example_matches_unsharded(shm_results: Any) -> None:
     for rank, errs in part(shm_results, "linear").items():
         assert set(errs) >= {"output", "loss", "grad_weight", "grad_bias", "grad_input"}
@@ -403,10 +526,33 @@ def test_single_process_world_of_one() -> None:
     mesh = Mesh([0], (1,), ("x",))
     full = full_tensor((3, 2))
     st = mark_sharding(full, mesh, ("x", None))
-    assert st.sharding_type == ShardingType.MAXIMAL
+    # built as MAXIMAL (one device); torch_xla reads it back as REPLICATED
+    assert mesh.get_op_sharding(("x", None)).sharding_type is ShardingType.MAXIMAL
+    assert st.sharding_type is ShardingType.REPLICATED
+    shard = st.local_shards[0]
+    assert shard.indices is Ellipsis and shard.replica_id == 0
+    assert torch.equal(shard.unpadded_data, full) and torch.equal(shard.data, full)
     assert torch.equal(st.global_tensor, full) and torch.equal(clear_sharding(st), full)
+    scalar = mark_sharding(torch.tensor(7.0), mesh, ())
+    assert scalar.sharding_type is ShardingType.REPLICATED
+    assert scalar.local_shards[0].indices is Ellipsis
+    assert scalar.local_shards[0].unpadded_data.item() == 7.0
     with pytest.raises(ValueError, match=r"rank 0: .*2 devices but the job has 1 ranks"):
         mark_sharding(full, Mesh([0, 1], (2,)), (0, None))
+    with pytest.raises(AssertionError, match=r"rank 0: .*2 devices but the job has 1 ranks"):
+        mark_sharding(full, Mesh([0, 1], (2,)), (0, None))
+    with pytest.raises(AssertionError, match=r"spec length \(1\).*input rank \(2\)"):
+        mark_sharding(full, mesh, ("x",))
+
+
+def test_xla_shard_indices_and_unpadded_data() -> None:
+    padded = stm.XLAShard(torch.tensor([[4.0, 5.0], [0.0, 0.0]]),
+                          [slice(3, 4, 1), slice(0, 2, 1)], "rank:1", 0)
+    assert padded.unpadded_data.tolist() == [[4.0, 5.0]]
+    replicated = stm.XLAShard(torch.tensor([1.0, 2.0]), Ellipsis, "rank:0", 0)
+    assert replicated.unpadded_data.tolist() == [1.0, 2.0]
+    scalar = stm.XLAShard(torch.tensor(3.0), Ellipsis, "rank:0", 0)
+    assert scalar.unpadded_data.item() == 3.0
 
 
 @pytest.mark.parametrize("src_mesh,dst_mesh", [((2, 2), (2, 2)), ((4,), (1, 4)), ((2, 2), (4,))])

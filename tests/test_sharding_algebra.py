@@ -25,6 +25,8 @@ import pytest
 import torch
 
 import ringlet
+from ringlet import errors
+from ringlet.errors import ShardingSpecError
 from ringlet.sharding import (
     HybridMesh,
     Mesh,
@@ -32,6 +34,8 @@ from ringlet.sharding import (
     ShardIndices,
     ShardingSpec,
     ShardingType,
+    _read_back_sharding_type,
+    _translate_named_partition_spec,
     all_shard_indices,
     assemble_shards,
     extract_shard,
@@ -840,3 +844,102 @@ def test_assemble_shards_errors():
     with pytest.raises(ValueError,
                        match=r"rank 1 has shape \(1,\), expected the padded shard shape \(2,\)"):
         assemble_shards([torch.zeros(2), torch.zeros(1)], (3,), mesh, (0,))
+
+
+# ------------------------------------------- torch_xla's asserts, private names
+
+
+@pytest.mark.parametrize(
+    "ids, shape, names, match",
+    [
+        (range(4), (2, 2), ("x",), r"got 1 axis names \('x',\) for a mesh of rank 2"),
+        (range(4), (2, 2), ("x", "x"), r"axis names must be distinct; \['x'\]"),
+        (range(6), (2, 2), None, r"got 6 device ids but mesh_shape \(2, 2\) has 4"),
+        ([0, 0, 1, 2], (2, 2), None, r"device ids must be distinct; repeated: \[0\]"),
+        ([0, 1, 2, 7], (2, 2), None, r"out of range: \[7\]"),
+    ],
+)
+def test_mesh_assert_sites_raise_sharding_spec_error(ids, shape, names, match):
+    # torch_xla asserts here: AssertionError and ValueError both catch it.
+    with pytest.raises(AssertionError, match=match):
+        Mesh(ids, shape, names)
+    with pytest.raises(ValueError, match=match) as info:
+        Mesh(ids, shape, names)
+    assert type(info.value) is ShardingSpecError
+
+
+def test_sharding_spec_error_is_value_and_assertion_error():
+    assert issubclass(ShardingSpecError, ValueError)
+    assert issubclass(ShardingSpecError, AssertionError)
+    assert "ShardingSpecError" in errors.__all__
+    # errors torch_xla raises as ValueError stay plain ValueErrors
+    with pytest.raises(ValueError, match="positive ints") as info:
+        Mesh(range(4), (2, 0))
+    assert not isinstance(info.value, AssertionError)
+    mesh = Mesh(range(4), (2, 2), ("x", "y"))
+    with pytest.raises(ValueError, match="axis name 'q' is not defined") as info:
+        mesh.get_op_sharding(("q", None))
+    assert not isinstance(info.value, AssertionError)
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        (((0, (1,)),), "cannot contain nested tuples"),
+        ((2,), "refers to mesh axis 2, out of range for a mesh of rank 2"),
+        ((-1, None), "refers to mesh axis -1, out of range"),
+        ((0, 0), r"at most once.*axis \[0\]"),
+        ((("x", "y"), "y"), r"at most once.*axis \[1\]"),
+    ],
+)
+def test_partition_spec_assert_sites(spec, match):
+    mesh = Mesh(range(4), (2, 2), ("x", "y"))
+    with pytest.raises(AssertionError, match=match):
+        mesh.get_op_sharding(spec)
+    with pytest.raises(ShardingSpecError, match=match):
+        ShardingSpec(mesh, spec)
+
+
+def test_hybrid_mesh_axis_count_mismatch_asserts():
+    with pytest.raises(AssertionError, match="must have the same number of axes"):
+        HybridMesh(ici_mesh_shape=(2, 1), dcn_mesh_shape=(2,), host_layout=[[0, 1], [2, 3]])
+
+
+def test_shard_indices_spec_length_asserts():
+    with pytest.raises(AssertionError, match=r"length \(1\) should be equal .* rank \(2\)"):
+        shard_indices((4, 4), Mesh(range(2), (2,)), (0,), 0)
+
+
+def test_translate_named_partition_spec():
+    mesh = Mesh(range(8), (2, 2, 2), ("a", "b", "c"))
+    assert _translate_named_partition_spec(mesh, (("c", "a"), None, "b")) == ((2, 0), None, 1)
+    assert _translate_named_partition_spec(mesh, (0, "c")) == (0, 2)
+    assert _translate_named_partition_spec(mesh, ()) == ()
+    with pytest.raises(ValueError, match="axis name 'q' is not defined"):
+        _translate_named_partition_spec(mesh, ("q",))
+    with pytest.raises(AssertionError, match="nested tuples"):
+        _translate_named_partition_spec(mesh, ((0, (1, 2)),))
+
+
+def test_read_back_sharding_type():
+    # what torch_xla reads back from the sharding XLA builds; the OpSharding keeps its type
+    one = Mesh([0], (1,), ("x",))
+    maximal = one.get_op_sharding(("x", None))
+    assert maximal.sharding_type is M
+    assert _read_back_sharding_type(maximal) is R
+    mesh14 = Mesh(range(4), (1, 4))
+    single_group = mesh14.get_op_sharding((0, None))
+    assert single_group.sharding_type is P
+    assert single_group.replication_groups == [[0, 1, 2, 3]]
+    assert _read_back_sharding_type(single_group) is R
+    mesh41 = Mesh(range(4), (4, 1))
+    singletons = mesh41.get_op_sharding((0, None))
+    assert singletons.sharding_type is P
+    assert singletons.replication_groups == [[0], [1], [2], [3]]
+    assert _read_back_sharding_type(singletons) is T
+    mesh22 = Mesh(range(4), (2, 2))
+    assert _read_back_sharding_type(mesh22.get_op_sharding((0, None))) is P
+    assert _read_back_sharding_type(mesh22.get_op_sharding((0, 1))) is T
+    assert _read_back_sharding_type(mesh22.get_op_sharding((None, None))) is R
+    assert _read_back_sharding_type(mesh22.get_op_sharding(())) is R
+    assert _read_back_sharding_type(OpSharding.manual()) is ShardingType.MANUAL

@@ -25,8 +25,12 @@ Differences from torch_xla worth knowing:
   left unchanged and the returned sharded tensor owns a copy of the shard.
 * ``sharding_spec`` is a :class:`~ringlet.sharding.ShardingSpec`;
   ``str(t.sharding_spec.op_sharding)`` gives XLA's textual form.
-* ``XLAShard.indices`` is always a tuple of slices (full slices when replicated)
-  and ``XLAShard.data`` shares storage with the rank's shard (no snapshot).
+* ``XLAShard.indices`` follows torch_xla (a list of ``slice(start, stop, 1)``,
+  or ``...`` when the tensor is replicated or 0-d); ``XLAShard.data`` shares
+  storage with the rank's shard (no snapshot).
+* Invalid meshes and specs, where torch_xla asserts, raise
+  :class:`~ringlet.errors.ShardingSpecError` (a ``ValueError`` and an
+  ``AssertionError``) naming the rank.
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ from typing import Any, Union
 import torch
 
 from . import collectives, runtime
+from .errors import ShardingSpecError
 from .sharding import (
     Mesh,
     PartitionSpec,
     ShardIndices,
     ShardingSpec,
     ShardingType,
+    _read_back_sharding_type,
     all_shard_indices,
     get_1d_mesh,
     get_global_mesh,
@@ -70,6 +76,9 @@ _PARAM_ATTR = "_ringlet_sharded_tensor"
 
 _Box = tuple[tuple[int, int], ...]
 
+#: ``XLAShard.indices``: ``...`` (replicated or 0-d) or one slice per dimension.
+ShardIndexList = Union[type(Ellipsis), list[slice]]
+
 
 def _rank_world() -> tuple[int, int]:
     """(rank, world size); (0, 1) when ringlet is not initialised."""
@@ -83,7 +92,7 @@ def _check_mesh(mesh: Any, what: str) -> Mesh:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"rank {rank}: {what} needs a Mesh, got {type(mesh).__name__}")
     if mesh.size() != world:
-        raise ValueError(
+        raise ShardingSpecError(
             f"rank {rank}: {what}: mesh {tuple(mesh.mesh_shape)} has {mesh.size()} devices but "
             f"the job has {world} ranks; every rank must be exactly one mesh device"
         )
@@ -117,7 +126,7 @@ def _as_spec(partition_spec: Any) -> tuple[Any, ...]:
 def _check_rank_of_spec(spec: tuple[Any, ...], ndim: int) -> None:
     if len(spec) != ndim:
         rank, _ = _rank_world()
-        raise ValueError(
+        raise ShardingSpecError(
             f"rank {rank}: partition spec length ({len(spec)}) should be equal to the input "
             f"rank ({ndim}); got spec {spec!r}"
         )
@@ -144,6 +153,13 @@ def _intersect(a: _Box, b: _Box) -> _Box | None:
     return None if any(lo >= hi for lo, hi in out) else out
 
 
+def _xla_indices(slices: Sequence[slice], replicated: bool) -> ShardIndexList:
+    """torch_xla's form of shard indices: ``...`` or a list of step-1 slices."""
+    if replicated or len(slices) == 0:
+        return Ellipsis
+    return [slice(s.start, s.stop, 1) for s in slices]
+
+
 def _local_slices(box: _Box, origin: _Box) -> tuple[slice, ...]:
     """Slices selecting the global ``box`` inside a shard whose data starts at ``origin``."""
     return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(box, origin))
@@ -157,20 +173,23 @@ class XLAShard:
         data (torch.Tensor): the padded shard (``ceil(size / parts)`` on every
             split dimension, zeros past the end of the tensor); shares storage
             with the sharded tensor.
-        indices (Tuple[slice, ...]): per dimension, the slice of the global
-            tensor the shard holds (without padding, possibly empty).
+        indices (Union[ellipsis, List[slice]]): ``...`` (``Ellipsis``) when
+            the shard is the whole tensor (a replicated or 0-d tensor);
+            otherwise a list with, per dimension, the ``slice(start, stop, 1)``
+            of the global tensor the shard holds (without padding, possibly
+            empty), as torch_xla gives it.
         shard_device (str): where the shard lives, ``"rank:<r>"``.
         replica_id (int): 0 when no other rank holds the same data, else this
             rank's position among the ranks holding it (sorted by rank).
 
     Example:
-        >>> shard = XLAShard(torch.tensor([3, 4, 0]), (slice(3, 5),), "rank:1", 0)
+        >>> shard = XLAShard(torch.tensor([3, 4, 0]), [slice(3, 5, 1)], "rank:1", 0)
         >>> shard.unpadded_data
         tensor([3, 4])
     """
 
     data: torch.Tensor
-    indices: tuple[slice, ...]
+    indices: ShardIndexList
     shard_device: str
     replica_id: int
 
@@ -179,13 +198,16 @@ class XLAShard:
         """The shard without its padding (a view of ``data``).
 
         Returns:
-            torch.Tensor: ``data`` cut to ``stop - start`` along every dimension.
+            torch.Tensor: ``data`` cut to ``stop - start`` along every
+            dimension (all of ``data`` when ``indices`` is ``...``).
 
         Example:
-            >>> shard = XLAShard(torch.zeros(4, 3), (slice(4, 7), slice(0, 3)), "rank:1", 0)
+            >>> shard = XLAShard(torch.zeros(4, 3), [slice(4, 7, 1), slice(0, 3, 1)], "rank:1", 0)
             >>> shard.unpadded_data.shape
             torch.Size([3, 3])
         """
+        if self.indices is Ellipsis:
+            return self.data[...]
         return self.data[tuple(slice(0, s.stop - s.start) for s in self.indices)]
 
 
@@ -406,18 +428,29 @@ class XLAShardedTensor:
 
     @property
     def sharding_type(self) -> ShardingType:
-        """The kind of sharding (MANUAL after :func:`enable_manual_sharding`).
+        """The kind of sharding, as torch_xla reads it back from the tensor.
+
+        This is the type of the sharding XLA builds from
+        ``mesh.get_op_sharding(partition_spec)``, which XLA simplifies: a
+        MAXIMAL sharding (a one-device mesh) and a PARTIAL one with a single
+        replication group read back as REPLICATED, a PARTIAL one whose groups
+        have one member each as TILED. MANUAL after
+        :func:`enable_manual_sharding`. (``OpSharding.sharding_type`` keeps the
+        unsimplified type.)
 
         Returns:
-            ShardingType: the type from ``mesh.get_op_sharding(partition_spec)``.
+            ShardingType: REPLICATED, TILED, PARTIAL or MANUAL.
 
         Example:
+            >>> st = mark_sharding(torch.zeros(8, 4), Mesh(range(4), (2, 2)), (0, None))
             >>> st.sharding_type
             <ShardingType.PARTIAL: 5>
+            >>> mark_sharding(torch.zeros(8, 4), Mesh(range(4), (4,)), (0, None)).sharding_type
+            <ShardingType.TILED: 3>
         """
         if self._manual:
             return ShardingType.MANUAL
-        return self._mesh.get_op_sharding(self._partition_spec).sharding_type
+        return _read_back_sharding_type(self._mesh.get_op_sharding(self._partition_spec))
 
     @property
     def global_shape(self) -> torch.Size:
@@ -475,6 +508,11 @@ class XLAShardedTensor:
     def local_shards(self) -> list[XLAShard]:
         """This rank's shard, in a one-element list.
 
+        ``indices`` is ``...`` when :attr:`sharding_type` is REPLICATED (this
+        includes 0-d tensors), otherwise a list of ``slice(start, stop, 1)``,
+        one per dimension, as in torch_xla. ``replica_id`` is the rank for a
+        replicated tensor.
+
         Returns:
             List[XLAShard]: the shard with its padded ``data``, ``indices``,
             ``shard_device`` and ``replica_id``.
@@ -482,13 +520,15 @@ class XLAShardedTensor:
         Example:
             >>> shard = st.local_shards[0]
             >>> shard.indices, shard.replica_id
-            ((slice(4, 7, None), slice(0, 5, None)), 0)
+            ([slice(4, 7, 1), slice(0, 5, 1)], 0)
         """
         data = self._local()
         if self._manual:
-            indices = tuple(slice(0, n) for n in data.shape)
-            return [XLAShard(data, indices, f"rank:{self._rank}", 0)]
-        return [XLAShard(data, self._info.indices, f"rank:{self._rank}", self._info.replica_id)]
+            full = [slice(0, n) for n in data.shape]
+            return [XLAShard(data, _xla_indices(full, False), f"rank:{self._rank}", 0)]
+        replicated = self.sharding_type is ShardingType.REPLICATED
+        return [XLAShard(data, _xla_indices(self._info.indices, replicated),
+                         f"rank:{self._rank}", self._info.replica_id)]
 
     @property
     def global_tensor(self) -> torch.Tensor:
@@ -579,7 +619,7 @@ class XLAShardedTensor:
         Example:
             >>> st = mark_sharding(torch.arange(8.0).view(4, 2), mesh, (0, None))
             >>> st.reshard((None, 0)).local_shards[0].indices   # on 2 ranks, rank 1
-            (slice(0, 4, None), slice(1, 2, None))
+            [slice(0, 4, 1), slice(1, 2, 1)]
         """
         if self._manual:
             raise ValueError(
@@ -856,8 +896,11 @@ def mark_sharding(t: ShardableTensor, mesh: Mesh, partition_spec: PartitionSpec,
         XLAShardedTensor: the sharded tensor.
 
     Raises:
-        ValueError: when the mesh size differs from the world size, the spec is
-            invalid or its length differs from the tensor rank.
+        ShardingSpecError: (a ValueError and an AssertionError) when the mesh
+            size differs from the world size, the spec length differs from the
+            tensor rank, or the spec uses an axis out of range, twice, or in a
+            nested tuple.
+        ValueError: for other invalid specs (e.g. an unknown axis name).
 
     Example:
         >>> mesh = Mesh(range(4), (2, 2), ("data", "model"))   # on 4 ranks

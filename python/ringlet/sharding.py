@@ -23,7 +23,11 @@ and :class:`HybridMesh`.
 Differences from torch_xla worth knowing:
 
 * Every invalid mesh or partition spec raises :class:`ValueError` with a
-  message naming the problem (torch_xla uses bare ``assert``); an argument
+  message naming the problem. Where torch_xla uses a bare ``assert`` (mesh
+  axis names, device ids and size; out-of-range, repeated or nested axes in
+  a partition spec; ICI/DCN shape lengths of a :class:`HybridMesh`) the
+  error is a :class:`~ringlet.errors.ShardingSpecError`, which is both a
+  :class:`ValueError` and an :class:`AssertionError`; an argument
   of the wrong kind altogether (a ``mesh_shape`` that is not a sequence, a
   ``partition_spec`` that is not a tuple or list, a ``host_layout`` that is
   not a list of lists) raises :class:`TypeError`. Partition-spec *entries*
@@ -53,6 +57,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import torch
+
+from .errors import ShardingSpecError
 
 __all__ = [
     "HybridMesh",
@@ -138,9 +144,11 @@ class Mesh:
             axis, or None for an unnamed mesh.
 
     Raises:
-        ValueError: when the names do not match the mesh rank or repeat,
-            when the number of ids differs from the mesh size, when ids
-            repeat, are not integers or fall outside ``[0, size)``, or when
+        ShardingSpecError: (a ValueError and an AssertionError) when the
+            names do not match the mesh rank or repeat, when the number of
+            ids differs from the mesh size, or when ids repeat or fall
+            outside ``[0, size)``.
+        ValueError: when ids are not integers, names are not strings, or
             the shape has no axes or a non-positive size.
         TypeError: when ``mesh_shape`` is not a sequence.
 
@@ -173,27 +181,27 @@ class Mesh:
             if not all(isinstance(n, str) for n in names):
                 raise ValueError(f"axis names must be strings, got {names!r}")
             if len(names) != len(shape):
-                raise ValueError(
+                raise ShardingSpecError(
                     f"got {len(names)} axis names {names!r} for a mesh of "
                     f"rank {len(shape)} (mesh_shape={shape})")
             if len(set(names)) != len(names):
                 dup = sorted({n for n in names if names.count(n) > 1})
-                raise ValueError(
+                raise ShardingSpecError(
                     f"axis names must be distinct; {dup} repeated in {names!r}")
 
         size = math.prod(shape)
         if ids.size != size:
-            raise ValueError(
+            raise ShardingSpecError(
                 f"got {ids.size} device ids but mesh_shape {shape} has "
                 f"{size} positions")
         uniq, counts = np.unique(ids, return_counts=True)
         if len(uniq) != len(ids):
-            raise ValueError(
+            raise ShardingSpecError(
                 "device ids must be distinct; repeated: "
                 f"{uniq[counts > 1].tolist()}")
         bad = ids[(ids < 0) | (ids >= size)]
         if bad.size:
-            raise ValueError(
+            raise ShardingSpecError(
                 f"device ids must lie in [0, {size}) for a mesh of size "
                 f"{size}; out of range: {bad.tolist()}")
 
@@ -553,7 +561,9 @@ class HybridMesh(Mesh):
             pass it explicitly to build a mesh for a simulated topology.
 
     Raises:
-        ValueError: when the two shapes differ in length, when several hosts
+        ShardingSpecError: (a ValueError and an AssertionError) when the two
+            shapes differ in length.
+        ValueError: when several hosts
             are present but ``dcn_mesh_shape`` has product 1, when one host is
             present but ``dcn_mesh_shape`` asks for more, when the number of
             hosts is not the product of ``dcn_mesh_shape``, or when a host's
@@ -585,7 +595,7 @@ class HybridMesh(Mesh):
         dcn = ((1,) * len(ici) if dcn_mesh_shape is None else _as_shape(
             dcn_mesh_shape, "dcn_mesh_shape"))
         if len(ici) != len(dcn):
-            raise ValueError(
+            raise ShardingSpecError(
                 f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} must have "
                 "the same number of axes")
         if host_layout is None:
@@ -819,6 +829,21 @@ class OpSharding:
                      _freeze(self.replication_groups), int(self.sharding_type)))
 
 
+def _read_back_sharding_type(op: OpSharding) -> ShardingType:
+    """The type torch_xla reads back from the sharding XLA builds from ``op``.
+
+    MAXIMAL and a PARTIAL sharding with a single replication group are built
+    as replicated, a PARTIAL sharding whose groups have one member each as a
+    plain tiling; see :meth:`OpSharding._hlo_form`.
+    """
+    kind, _, last_tile_dim_replicate = op._hlo_form()
+    if kind == "replicated":
+        return ShardingType.REPLICATED
+    if kind == "tiled":
+        return ShardingType.PARTIAL if last_tile_dim_replicate else ShardingType.TILED
+    return op.sharding_type
+
+
 def _normalize_entry(mesh: Mesh, entry: Any, inside_group: bool) -> Any:
     """Resolve one partition-spec entry to None, an int or a tuple of ints."""
     if entry is None:
@@ -829,7 +854,7 @@ def _normalize_entry(mesh: Mesh, entry: Any, inside_group: bool) -> Any:
         return None
     if isinstance(entry, (tuple, list)):
         if inside_group:
-            raise ValueError(
+            raise ShardingSpecError(
                 f"partition spec cannot contain nested tuples, got {entry!r}")
         if len(entry) == 0:
             raise ValueError(
@@ -865,9 +890,11 @@ def normalize_partition_spec(mesh: Mesh,
         stay ints, groups stay tuples, None stays None.
 
     Raises:
-        ValueError: for unknown names, nested or empty tuples, None inside
-            a tuple, unsupported entry types, axes outside
-            ``[0, mesh rank)``, or an axis used more than once.
+        ShardingSpecError: (a ValueError and an AssertionError) for nested
+            tuples, axes outside ``[0, mesh rank)``, or an axis used more
+            than once.
+        ValueError: for unknown names, empty tuples, None inside a tuple,
+            or unsupported entry types.
         TypeError: when ``partition_spec`` is not a tuple or list.
 
     Example:
@@ -888,15 +915,39 @@ def normalize_partition_spec(mesh: Mesh,
     rank = len(mesh.mesh_shape)
     for axis in used:
         if not 0 <= axis < rank:
-            raise ValueError(
+            raise ShardingSpecError(
                 f"partition_spec {tuple(partition_spec)!r} refers to mesh "
                 f"axis {axis}, out of range for a mesh of rank {rank}")
     repeated = sorted({a for a in used if used.count(a) > 1})
     if repeated:
-        raise ValueError(
+        raise ShardingSpecError(
             f"each mesh axis may appear at most once in a partition spec; "
             f"axis {repeated} repeats in {tuple(partition_spec)!r}")
     return spec
+
+
+def _translate_named_partition_spec(mesh: Mesh,
+                                    partition_spec: PartitionSpec) -> _NormalizedSpec:
+    """torch_xla's private name for :func:`normalize_partition_spec`.
+
+    Args:
+        mesh (Mesh): the mesh the spec refers to.
+        partition_spec (PartitionSpec): one entry per tensor dimension.
+
+    Returns:
+        Tuple: the spec with axis names replaced by axis positions.
+
+    Raises:
+        ShardingSpecError: for nested tuples, out-of-range or repeated axes
+            (ringlet validates the axes here; torch_xla does it later).
+        ValueError: for unknown names or unsupported entry types.
+
+    Example:
+        >>> mesh = Mesh(range(4), (2, 2), ("x", "y"))
+        >>> _translate_named_partition_spec(mesh, (("y", "x"), None))
+        ((1, 0), None)
+    """
+    return normalize_partition_spec(mesh, partition_spec)
 
 
 def _get_sharding_type(spec: _NormalizedSpec, num_devices: int) -> ShardingType:
@@ -1155,7 +1206,8 @@ def shard_indices(global_shape: Sequence[int], mesh: Mesh,
 
     Raises:
         ValueError: for an invalid spec, a spec whose length differs from the
-            tensor rank, a negative dimension, or a rank not in the mesh.
+            tensor rank (a :class:`~ringlet.errors.ShardingSpecError`), a
+            negative dimension, or a rank not in the mesh.
 
     Example:
         >>> mesh = Mesh(range(4), (4,), ("x",))
@@ -1174,7 +1226,7 @@ def shard_indices(global_shape: Sequence[int], mesh: Mesh,
     shape = tuple(int(d) for d in global_shape)
     spec = normalize_partition_spec(mesh, partition_spec)
     if len(spec) != len(shape):
-        raise ValueError(
+        raise ShardingSpecError(
             f"partition spec length ({len(spec)}) should be equal to the "
             f"tensor rank ({len(shape)})")
     coords = mesh.rank_coords(rank)
