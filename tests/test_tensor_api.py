@@ -111,8 +111,8 @@ def test_misuse_raises_clear_errors() -> None:
         x.ensure_ringlet_tensor("y")
     with pytest.raises(ValueError, match="cannot move to 'other'"):
         x.ensure_ringlet_tensor(module_name="other")
-    with pytest.raises(ValueError, match="already has its closures"):
-        x.ensure_ringlet_tensor(getter_closure=lambda t: t)
+    with pytest.raises(ValueError, match="setter_closure needs a getter_closure"):
+        x.ensure_ringlet_tensor(setter_closure=lambda t, g: None)  # x has no getter
     with pytest.raises(ValueError, match="already registered in module"):
         torch.zeros(2).ensure_ringlet_tensor("x", mod)
     dup = torch.zeros(2)
@@ -176,6 +176,133 @@ def test_misuse_raises_clear_errors() -> None:
     m.close()
     with pytest.raises(RuntimeError, match="was closed"):
         p.ringlet_mark_communication_ready()
+
+
+def test_reensure_replaces_closures_used_by_the_worker() -> None:
+    mod = fresh("reensure")
+    p = grad_param([0.0, 0.0], "p", mod)
+    p.grad = torch.tensor([1.0, 2.0])
+    m = get_module(mod)
+    m.set_buckets([[p]])
+    seen: list[torch.Tensor] = []
+
+    def op(index: int, tensors: list[torch.Tensor]) -> None:
+        seen.append(tensors[0])
+        tensors[0].mul_(10.0)
+
+    m.set_bucket_op(op)
+    p.ringlet_mark_communication_ready()
+    m.wait_pending_comm_ops()
+    assert seen[-1] is p.grad and p.grad.tolist() == [10.0, 20.0]
+
+    # a new getter (the setter is kept: None keeps a closure)
+    holder = {"main": torch.tensor([7.0, 8.0])}
+    old_setter = p._ringlet_setter
+    assert p.ensure_ringlet_tensor(getter_closure=lambda t: holder["main"]) is p
+    assert p._ringlet_setter is old_setter
+    assert p.ringlet_getter_closure() is holder["main"]
+    p.ringlet_mark_communication_ready()
+    m.wait_pending_comm_ops()
+    assert seen[-1] is holder["main"] and holder["main"].tolist() == [70.0, 80.0]
+    assert p.grad.tolist() == [10.0, 20.0]  # the old effective tensor is untouched
+
+    # a new setter, with name and module repeated: set_storage goes through it
+    def set_main(t: torch.Tensor, v: torch.Tensor) -> None:
+        holder["main"] = v
+
+    assert p.ensure_ringlet_tensor("p", mod, setter_closure=set_main) is p
+    buf = torch.arange(4.0)
+    p.ringlet_set_storage(buf.untyped_storage(), 2)
+    assert holder["main"].data_ptr() == buf.data_ptr() + 2 * 4
+    assert p.ringlet_getter_closure().tolist() == [2.0, 3.0]
+    p.ringlet_mark_communication_ready()
+    m.wait_pending_comm_ops()
+    assert buf.tolist() == [0.0, 1.0, 20.0, 30.0]  # the worker used the new tensor
+    p.ringlet_setter_closure(torch.tensor([5.0, 5.0]))
+    assert holder["main"].tolist() == [5.0, 5.0] and p.grad.tolist() == [10.0, 20.0]
+
+    # the registration is fixed: a getter returning another shape is refused
+    # up front, and the closures stay as they were
+    before = p._ringlet_getter
+    with pytest.raises(ValueError, match=r"returns 3 float32 elements.*as 2 float32"):
+        p.ensure_ringlet_tensor(getter_closure=lambda t: torch.zeros(3))
+    assert p._ringlet_getter is before and p.ringlet_getter_closure() is holder["main"]
+
+    # an identity tensor gains a getter and a setter in one call
+    x = torch.zeros(2).ensure_ringlet_tensor("x", mod)
+    side = {"v": torch.ones(2)}
+    x.ensure_ringlet_tensor(
+        getter_closure=lambda t: side["v"], setter_closure=lambda t, v: side.update(v=v)
+    )
+    assert x.ringlet_getter_closure() is side["v"]
+    x.ringlet_setter_closure(torch.full((2,), 3.0))
+    assert side["v"].tolist() == [3.0, 3.0] and x.tolist() == [0.0, 0.0]
+    m.close()
+
+
+def test_registration_errors_are_value_and_assertion_errors() -> None:
+    from ringlet.errors import TensorRegistrationError
+
+    assert issubclass(TensorRegistrationError, ValueError)
+    assert issubclass(TensorRegistrationError, AssertionError)
+    mod = fresh("regerr")
+    x = torch.zeros(2).ensure_ringlet_tensor("x", mod)
+    cases = [
+        (lambda: x.ensure_ringlet_tensor("y"), "cannot be renamed to 'y'"),
+        (lambda: x.ensure_ringlet_tensor(module_name="other"), "cannot move to 'other'"),
+        (lambda: x.ensure_ringlet_tensor(setter_closure=lambda t, g: None),
+         "setter_closure needs a getter_closure"),
+        (lambda: torch.zeros(1).ensure_ringlet_tensor(setter_closure=lambda t, g: None),
+         "setter_closure needs a getter_closure"),
+    ]
+    for call, message in cases:
+        for cls in (ValueError, AssertionError, TensorRegistrationError):
+            with pytest.raises(cls, match=message) as info:
+                call()
+            assert type(info.value) is TensorRegistrationError
+    # nothing changed
+    assert x.ringlet_tensor_name == "x" and x.ringlet_module_name == mod
+    assert x._ringlet_getter is None and x._ringlet_setter is None
+    assert [t.ringlet_tensor_name for t in get_module(mod).tensors()] == ["x"]
+    get_module(mod).close()
+
+
+def test_ensure_grad_needs_a_parameter() -> None:
+    plain = torch.zeros(2, requires_grad=True)
+    with pytest.raises(NotImplementedError, match=r"only a torch\.nn\.Parameter"):
+        plain.ringlet_ensure_grad()
+    assert plain.grad is None
+    with pytest.raises(NotImplementedError):
+        torch.zeros(2).ensure_ringlet_tensor().ringlet_ensure_grad()
+    g = torch.ones(2)
+    plain.grad = g
+    assert plain.ringlet_ensure_grad() is plain and plain.grad is g  # has one: kept
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))  # not a ringlet tensor
+    assert p.ringlet_ensure_grad() is p
+    assert p.grad.dtype == torch.float64 and p.grad.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_set_storage_checks_the_dtype_of_a_typed_storage() -> None:
+    mod = fresh("typed")
+    x = torch.arange(2.0).ensure_ringlet_tensor("x", mod)
+    ptr = x.data_ptr()
+    wrong = torch.arange(4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"holds torch\.float64 .* .x. is torch\.float32"):
+        x.ringlet_set_storage(wrong.storage())
+    assert x.data_ptr() == ptr and x.tolist() == [0.0, 1.0]
+    p = grad_param([0.0, 0.0], "p", mod)
+    p.ringlet_ensure_grad()
+    g = p.grad
+    with pytest.raises(RuntimeError, match=r"holds torch\.float64"):
+        p.ringlet_set_storage(wrong.storage(), 1)
+    assert p.grad is g and p.grad.tolist() == [0.0, 0.0]
+    right = torch.arange(10.0, 14.0)  # a typed storage of the same dtype works
+    x.ringlet_set_storage(right.storage(), 1)
+    assert x.data_ptr() == right.data_ptr() + 4 and x.tolist() == [11.0, 12.0]
+    p.ringlet_set_storage(right.storage(), 2)
+    assert p.grad.data_ptr() == right.data_ptr() + 8 and p.grad.tolist() == [12.0, 13.0]
+    get_module(mod).close()
 
 
 def test_flatten_keeps_values_and_makes_views() -> None:
@@ -313,6 +440,42 @@ def test_compat_bagua_names() -> None:
     model.ringlet_module_name = "lin"
     assert model.bagua_module_name == "lin"
     m.close()
+
+
+def test_compat_bagua_tensor_attributes() -> None:
+    mod = fresh("battr")
+    early = torch.zeros(2).ensure_ringlet_tensor("early", mod)  # before the import
+    loose = torch.zeros(1).ensure_ringlet_tensor()
+    import ringlet.compat.bagua  # noqa: F401
+
+    assert early.bagua_tensor_name == "early" and early.bagua_module_name == mod
+    assert early.bagua_backend is get_module(mod)
+    assert early.ringlet_tensor_name == "early" and early.ringlet_module_name == mod
+    # no name given: Bagua's "" (ringlet's own name is generated)
+    assert loose.bagua_tensor_name == "" and loose.ringlet_tensor_name.startswith("ringlet_")
+    assert loose.bagua_module_name is None and loose.ringlet_module_name is None
+    assert loose.bagua_backend is None
+    p = torch.nn.Parameter(torch.ones(2)).ensure_bagua_tensor("w", mod, lambda t: t.grad)
+    assert (p.bagua_tensor_name, p.bagua_module_name) == ("w", mod)
+    assert p.bagua_backend is early.bagua_backend
+    plain = torch.zeros(1)
+    for attr in ("bagua_tensor_name", "bagua_module_name", "bagua_backend"):
+        assert not hasattr(plain, attr)
+        with pytest.raises(AttributeError, match=attr):
+            getattr(plain, attr)
+    assert not hasattr(plain, "ringlet_module_name")
+    get_module(mod).close()
+    assert early.bagua_backend is None  # the module was closed
+    assert early.bagua_module_name == mod
+
+    model = torch.nn.Linear(1, 1)
+    assert model.bagua_module_name is None
+    model.bagua_module_name = "lin2"  # assignable, stored as ringlet_module_name
+    assert model.ringlet_module_name == "lin2" and model.bagua_module_name == "lin2"
+    assert model.__dict__["ringlet_module_name"] == "lin2"
+    assert "lin2" not in dict(model.named_parameters())
+    del model.bagua_module_name
+    assert model.bagua_module_name is None and not hasattr(model, "ringlet_module_name")
 
 
 # -- across processes ---------------------------------------------------------

@@ -72,6 +72,8 @@ from .errors import (
     NotInitializedError,
     PeerLostError,
     RingletError,
+    ShardingSpecError,
+    TensorRegistrationError,
 )
 from .runtime import (
     get_local_ordinal,
@@ -103,6 +105,8 @@ __all__ = [
     "REDUCE_SUM",
     "RateTracker",
     "RingletError",
+    "ShardingSpecError",
+    "TensorRegistrationError",
     "ToXlaTensorArena",
     "add_step_closure",
     "all_gather",

@@ -4,7 +4,8 @@ Every failure inside a collective surfaces as a subclass of
 :class:`RingletError`, which also derives from the closest built-in exception,
 so ``except TimeoutError`` or ``except ConnectionError`` work as expected.
 Invalid arguments (wrong dtype, shape, device, layout) raise plain
-:class:`ValueError` / :class:`TypeError` before any communication starts.
+:class:`ValueError` / :class:`TypeError` before any communication starts;
+invalid meshes and partition specs raise :class:`ShardingSpecError`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ __all__ = [
     "NotInitializedError",
     "PeerLostError",
     "RingletError",
+    "ShardingSpecError",
+    "TensorRegistrationError",
 ]
 
 
@@ -45,3 +48,40 @@ class PeerLostError(RingletError, ConnectionError):
 class CommunicatorAbortedError(RingletError):
     """The communicator failed earlier (timeout, lost peer) and cannot be
     reused; call :func:`ringlet.shutdown` and re-initialise."""
+
+
+class ShardingSpecError(ValueError, AssertionError):
+    """An invalid mesh or partition spec, where torch_xla fails an ``assert``.
+
+    Raised for a mesh whose axis names, device ids or size do not fit its
+    shape, a partition spec with an out-of-range, repeated or nested axis, a
+    ``HybridMesh`` whose ICI and DCN shapes differ in length, and a
+    ``mark_sharding`` whose mesh does not match the job or whose spec length
+    differs from the tensor rank. It is both a :class:`ValueError` and an
+    :class:`AssertionError`, so ``pytest.raises(ValueError)`` and tests ported
+    from torch_xla that expect ``AssertionError`` both catch it. The message
+    names the problem.
+
+    Example:
+        >>> try:
+        ...     Mesh([0, 1], (2, 1), ("x", "x"))
+        ... except AssertionError as err:
+        ...     print(type(err).__name__)
+        ShardingSpecError
+    """
+
+
+class TensorRegistrationError(ValueError, AssertionError):
+    """A tensor-API registration that Bagua refuses with ``assert``: renaming
+    a ringlet tensor, moving it to another module, or a ``setter_closure``
+    without a ``getter_closure``. Both a :class:`ValueError` and an
+    :class:`AssertionError`, so ringlet code and code ported from Bagua catch it.
+
+    Example:
+        >>> t = torch.zeros(1).ensure_ringlet_tensor("a")
+        >>> try:
+        ...     t.ensure_ringlet_tensor("b")
+        ... except AssertionError as err:
+        ...     print(type(err).__name__)
+        TensorRegistrationError
+    """

@@ -40,6 +40,7 @@ import torch
 
 from . import _core, runtime
 from .collectives import _DTYPE_NAMES
+from .errors import TensorRegistrationError
 
 __all__ = [
     "BackendTensor",
@@ -430,7 +431,14 @@ def ensure_ringlet_tensor(
     effective tensor used for communication (e.g. ``lambda p: p.grad``);
     ``setter_closure(proxy, tensor)`` replaces it (e.g.
     ``lambda p, g: setattr(p, "grad", g)``). Calling it again on a ringlet
-    tensor returns it unchanged, but a different name or module is an error.
+    tensor returns it with the closures that are given replacing the current
+    ones (``None`` keeps a closure; the worker uses the new getter from its
+    next operation); a different name or module is an error.
+
+    Sets ``ringlet_tensor_name`` and ``ringlet_module_name`` on the tensor
+    (with ``ringlet.compat.bagua``: ``bagua_tensor_name``, ``""`` for a
+    generated name, ``bagua_module_name`` and ``bagua_backend``, the
+    :class:`TensorModule` or ``None``).
 
     Args:
       name (str, optional): The tensor's unique name (within its module).
@@ -445,32 +453,25 @@ def ensure_ringlet_tensor(
     Returns:
       torch.Tensor: ``self``, with ringlet tensor attributes initialised.
 
+    Raises:
+      TensorRegistrationError: A setter without a getter, or a new name or
+        module for a ringlet tensor (both a ``ValueError`` and an
+        ``AssertionError``, as Bagua's ``assert``).
+      ValueError: The name is taken in the module, or a new getter returns a
+        tensor other than the registered element count, dtype and device.
+
     Example:
       >>> p.ensure_ringlet_tensor("fc.weight", "model", lambda t: t.grad) is p
       True
+      >>> p.ensure_ringlet_tensor(getter_closure=lambda t: t.main_grad) is p
+      True
     """
     if is_ringlet_tensor(self):
-        if name is not None and name != self._ringlet_name:
-            raise ValueError(
-                f"ringlet tensor '{self._ringlet_name}' cannot be renamed to '{name}'"
-            )
-        if module_name is not None and module_name != self._ringlet_module_name:
-            raise ValueError(
-                f"ringlet tensor '{self._ringlet_name}' belongs to module "
-                f"{self._ringlet_module_name!r}; it cannot move to {module_name!r}"
-            )
-        if (getter_closure is not None and getter_closure is not self._ringlet_getter) or (
-            setter_closure is not None and setter_closure is not self._ringlet_setter
-        ):
-            raise ValueError(
-                f"ringlet tensor '{self._ringlet_name}' already has its closures"
-            )
+        _reensure(self, name, module_name, getter_closure, setter_closure)
         return self
     if getter_closure is None and setter_closure is not None:
-        raise ValueError(
-            "a setter_closure needs a getter_closure: without one the effective "
-            "tensor is the proxy itself and cannot be replaced"
-        )
+        raise TensorRegistrationError(_SETTER_NEEDS_GETTER)
+    given = name
     if name is None:
         name = f"ringlet_tensor_{next(_auto_names)}"
     if not isinstance(name, str) or not name:
@@ -480,11 +481,71 @@ def ensure_ringlet_tensor(
         # e.g. lambda p: p.grad before the first backward: the proxy's shape.
         get_module(module_name)._register(name, self, self if eff is None else eff)
     self._ringlet_name = name
+    self._ringlet_given_name = "" if given is None else name
     self._ringlet_module_name = module_name
     self._ringlet_getter = getter_closure
     self._ringlet_setter = setter_closure
     self.ringlet_tensor_name = name
+    self.ringlet_module_name = module_name
     return self
+
+
+_SETTER_NEEDS_GETTER = (
+    "a setter_closure needs a getter_closure: without one the effective "
+    "tensor is the proxy itself and cannot be replaced"
+)
+
+
+def _reensure(
+    t: torch.Tensor,
+    name: Optional[str],
+    module_name: Optional[str],
+    getter: Optional[Getter],
+    setter: Optional[Setter],
+) -> None:
+    """``ensure_ringlet_tensor`` on a ringlet tensor: checks the name and
+    module, then replaces the closures that are given (``None`` keeps one)."""
+    if name is not None and name != t._ringlet_name:
+        raise TensorRegistrationError(
+            f"ringlet tensor '{t._ringlet_name}' cannot be renamed to '{name}'"
+        )
+    if module_name is not None and module_name != t._ringlet_module_name:
+        raise TensorRegistrationError(
+            f"ringlet tensor '{t._ringlet_name}' belongs to module "
+            f"{t._ringlet_module_name!r}; it cannot move to {module_name!r}"
+        )
+    getter = t._ringlet_getter if getter is None else getter
+    setter = t._ringlet_setter if setter is None else setter
+    if getter is t._ringlet_getter and setter is t._ringlet_setter:
+        return
+    if getter is None and setter is not None:
+        raise TensorRegistrationError(_SETTER_NEEDS_GETTER)
+    m = _registered_module(t)
+    if m is not None and getter is not t._ringlet_getter:
+        eff = getter(t)
+        if eff is not None:
+            got = (eff.numel(), _dtype_name(eff, t._ringlet_name), str(eff.device))
+            want = tuple(m._core.tensor(t._ringlet_name))
+            if got != want:
+                raise ValueError(
+                    f"the new getter_closure of ringlet tensor '{t._ringlet_name}' "
+                    f"returns {got[0]} {got[1]} elements on {got[2]}, but it is "
+                    f"registered in module '{m.name}' as {want[0]} {want[1]} "
+                    f"elements on {want[2]}"
+                )
+    # The worker resolves the effective tensor through _get at every
+    # operation, so the new getter takes effect from the next bucket run.
+    t._ringlet_getter = getter
+    t._ringlet_setter = setter
+
+
+def _registered_module(t: torch.Tensor) -> Optional[TensorModule]:
+    """The open module ``t`` is registered in, or ``None``."""
+    name = t.__dict__.get("_ringlet_module_name")
+    m = None if name is None else _modules.get(name)
+    if m is None or m._proxies.get(t._ringlet_name) is not t:
+        return None
+    return m
 
 
 def to_ringlet_tensor(
@@ -568,14 +629,24 @@ def ringlet_backend_tensor(self: torch.Tensor) -> BackendTensor:
 
 
 def ringlet_ensure_grad(self: torch.Tensor) -> torch.Tensor:
-    """Creates a zero gradient for this tensor if it has none.
+    """Creates a zero gradient for this parameter if it has none.
 
     Returns:
       torch.Tensor: ``self``.
+
+    Raises:
+      NotImplementedError: ``self`` has no gradient and is not a
+        :class:`torch.nn.Parameter` (as in Bagua).
     """
-    if self.grad is None:
-        with torch.no_grad():
-            self.grad = torch.zeros_like(self)
+    if self.grad is not None:
+        return self
+    if not isinstance(self, torch.nn.Parameter):
+        raise NotImplementedError(
+            "ringlet_ensure_grad: only a torch.nn.Parameter gets a zero gradient "
+            "created; this tensor is not one and has no .grad"
+        )
+    with torch.no_grad():
+        self.grad = torch.zeros_like(self.data)
     return self
 
 
@@ -621,17 +692,27 @@ def set_storage(self: torch.Tensor, storage: Any, storage_offset: int = 0) -> No
     handed to the setter.
 
     Args:
-      storage (torch.UntypedStorage): The storage to use.
+      storage (torch.UntypedStorage or torch.TypedStorage): The storage to
+        use; a typed one must have the effective tensor's dtype.
       storage_offset (int): The offset in the storage, in elements.
+
+    Raises:
+      RuntimeError: The getter returned ``None``, or ``storage`` is typed with
+        another dtype (as ``torch.Tensor.set_``).
     """
     _require_ringlet(self, "ringlet_set_storage")
-    if isinstance(storage, torch.TypedStorage):
-        storage = storage.untyped()
     eff = _get(self)
     if eff is None:
         raise RuntimeError(
             f"ringlet_set_storage: the getter of '{self._ringlet_name}' returned None"
         )
+    if isinstance(storage, torch.TypedStorage):
+        if storage.dtype != eff.dtype:
+            raise RuntimeError(
+                f"ringlet_set_storage: the storage holds {storage.dtype} but the "
+                f"effective tensor of '{self._ringlet_name}' is {eff.dtype}"
+            )
+        storage = storage.untyped()
     with torch.no_grad():
         if self._ringlet_setter is None:
             eff.set_(storage, storage_offset, eff.shape)

@@ -6,9 +6,13 @@ Importing this module adds to :class:`torch.Tensor` the exact method names of
 ``bagua_setter_closure``, ``bagua_backend_tensor``, ``bagua_ensure_grad``,
 ``bagua_mark_communication_ready``,
 ``bagua_mark_communication_ready_without_synchronization``,
-``bagua_set_storage``), each the same function as its ``ringlet_`` twin, and
-``bagua_module_name`` to :class:`torch.nn.Module` (an alias of
-``ringlet_module_name``), so code written for Bagua's tensor API runs unchanged.
+``bagua_set_storage``), each the same function as its ``ringlet_`` twin; the
+attributes Bagua sets on a tensor (``bagua_tensor_name``, ``""`` when no name
+was given, ``bagua_module_name`` and ``bagua_backend``, the tensor's
+:class:`ringlet.tensor.TensorModule` or ``None``), readable on every ringlet
+tensor and absent on others; and ``bagua_module_name`` to
+:class:`torch.nn.Module` (an alias of ``ringlet_module_name``, assignable), so
+code written for Bagua's tensor API runs unchanged.
 
 Example:
   >>> import torch, ringlet.compat.bagua
@@ -19,19 +23,62 @@ Example:
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from ..tensor import install
+from ..tensor import _registered_module, install, is_ringlet_tensor
 
 __all__: list[str] = []
 
 
-def _bagua_module_name(self: torch.nn.Module) -> Optional[str]:
+class _TensorAttribute:
+    """A read-only view of a ringlet tensor's state, as the attribute Bagua
+    sets on the tensor. Absent (``AttributeError``) on other tensors; an
+    assignment stores a plain attribute that hides it, as in Bagua."""
+
+    def __init__(self, read: Callable[[torch.Tensor], Any]) -> None:
+        self._read = read
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, obj: Optional[torch.Tensor], owner: Optional[type] = None) -> Any:
+        if obj is None:
+            return self
+        if not is_ringlet_tensor(obj):
+            raise AttributeError(
+                f"'{type(obj).__name__}' object has no attribute '{self._name}' "
+                "(not a ringlet tensor: call ensure_bagua_tensor() first)"
+            )
+        return self._read(obj)
+
+
+_ATTRIBUTES = {
+    "bagua_tensor_name": _TensorAttribute(lambda t: t._ringlet_given_name),
+    "bagua_module_name": _TensorAttribute(lambda t: t._ringlet_module_name),
+    "bagua_backend": _TensorAttribute(_registered_module),
+}
+
+
+def _get_module_name(self: torch.nn.Module) -> Optional[str]:
     """The module's name for the tensor API (``ringlet_module_name``)."""
     return self.__dict__.get("ringlet_module_name")
 
 
+def _set_module_name(self: torch.nn.Module, value: Optional[str]) -> None:
+    self.ringlet_module_name = value
+
+
+def _del_module_name(self: torch.nn.Module) -> None:
+    self.__dict__.pop("ringlet_module_name", None)
+
+
 install("bagua")
-torch.nn.Module.bagua_module_name = property(_bagua_module_name)  # type: ignore[attr-defined]
+for _name, _attr in _ATTRIBUTES.items():
+    _attr.__set_name__(torch.Tensor, _name)
+    setattr(torch.Tensor, _name, _attr)
+torch.nn.Module.bagua_module_name = property(  # type: ignore[attr-defined]
+    _get_module_name, _set_module_name, _del_module_name, _get_module_name.__doc__
+)
