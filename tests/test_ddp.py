@@ -175,3 +175,72 @@ def find_unused(rank: int, world: int, find: bool) -> None:
 @pytest.mark.parametrize("find", [True, False])
 def test_unused_parameters(find: bool) -> None:
     launch(2, find_unused, find)
+
+
+class Plain(torch.nn.Module):
+    """Every parameter gets a gradient (torch DDP's default mode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 32)
+        self.fc2 = torch.nn.Linear(32, 16)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+def comm_hook_ranks(rank: int, world: int, gloo_port: int) -> list[float]:
+    torch.manual_seed(0)
+    reference = Plain()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=world
+    )
+    try:
+        # torch DDP with its own gloo all-reduce, then with ringlet's hook:
+        # small buckets, so several hooks are in flight during backward
+        plain = torch.nn.parallel.DistributedDataParallel(
+            copy.deepcopy(reference), bucket_cap_mb=0.002
+        )
+        theirs = train(plain, rank, world, sharded=True)
+        hooked = torch.nn.parallel.DistributedDataParallel(
+            copy.deepcopy(reference), bucket_cap_mb=0.002
+        )
+        state = ringlet.comm_hooks.AllReduceState()
+        hooked.register_comm_hook(state, ringlet.comm_hooks.allreduce_hook)
+        ours = train(hooked, rank, world, sharded=True)
+        single = train(copy.deepcopy(reference), rank, world, sharded=False)
+        for g, t, s in zip(ours, theirs, single):
+            torch.testing.assert_close(g, t, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(g, s, rtol=1e-5, atol=1e-6)
+        # the default (shared) state, and average=False giving sums
+        summed = ringlet.comm_hooks.AllReduceState(average=False)
+        buf = torch.full((5,), float(rank + 1))
+        assert summed.submit(buf).wait() is buf
+        assert buf.tolist() == [world * (world + 1) / 2] * 5
+        solo = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(reference))
+        solo.register_comm_hook(None, ringlet.comm_hooks.allreduce_hook)
+        x, y = batch(0, 0, world)
+        torch.nn.functional.mse_loss(solo(local(x, rank)), local(y, rank)).backward()
+        want = copy.deepcopy(reference)
+        torch.nn.functional.mse_loss(want(x), y).backward()
+        for p, q in zip(solo.parameters(), want.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+        # bad buckets fail on the spot, naming the problem and the rank
+        with pytest.raises(ValueError, match=rf"rank {rank}: .*contiguous CPU"):
+            summed.submit(torch.zeros(4, 2).t())
+        with pytest.raises(TypeError, match="complex64 is not supported"):
+            summed.submit(torch.zeros(2, dtype=torch.complex64))
+        del plain, hooked, solo
+    finally:
+        dist.destroy_process_group()
+    ringlet.shutdown()  # stops the hook workers
+    with pytest.raises(RuntimeError, match="closed"):
+        summed.submit(torch.zeros(1))
+    return [p.flatten()[0].item() for p in ours]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_ddp_with_ringlet_comm_hook(world: int) -> None:
+    out = launch(world, comm_hook_ranks, free_port(), timeout=120)
+    assert all(out[r] == out[0] for r in range(world)), "ranks diverged"

@@ -9,7 +9,7 @@ Example:
   >>> ringlet.all_reduce(ringlet.REDUCE_SUM, torch.ones(3))
 """
 
-from . import _core, tensor
+from . import _core, comm_hooks, tensor
 from .collectives import (
     REDUCE_AND,
     REDUCE_MAX,
@@ -90,6 +90,7 @@ from .runtime import (
 __version__ = _core.__version__
 
 __all__ = [
+    "comm_hooks",
     "CoalescingBuckets",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",

@@ -1,8 +1,9 @@
-"""Training-step time of a small MLP: ringlet DDP vs torch DDP over gloo.
+"""Training-step time of a small MLP: ringlet DDP vs torch DDP over gloo, and
+torch DDP with ringlet's comm hook.
 
-Run under torchrun. Both wrappers train identical copies of the model in the
-same processes, alternating block by block (``--steps`` steps each), and rank
-0 prints the median step time of each (forward, backward with gradient
+Run under torchrun. The three train identical copies of the model in the same
+processes, alternating block by block (``--steps`` steps each), and rank 0
+prints the median step time of each (forward, backward with gradient
 averaging, optimizer step) as a markdown table.
 
 Example:
@@ -71,7 +72,9 @@ def run(args: argparse.Namespace) -> dict[str, float]:
       args (argparse.Namespace): Parsed command line (see :func:`main`).
 
     Returns:
-      dict[str, float]: ``{"ringlet": s, "torch": s}`` median step seconds.
+      dict[str, float]: median step seconds of ``"ringlet"`` (ringlet's DDP),
+      ``"torch"`` (torch DDP over gloo) and ``"hook"`` (torch DDP with
+      :func:`ringlet.comm_hooks.allreduce_hook`).
     """
     torch.manual_seed(0)
     base = mlp(args.width, args.hidden, args.depth, args.classes)
@@ -82,7 +85,16 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     theirs = torch.nn.parallel.DistributedDataParallel(
         copy.deepcopy(base), bucket_cap_mb=args.bucket_cap_mb
     )
-    steppers = {"ringlet": _stepper(ours, x, y), "torch": _stepper(theirs, x, y)}
+    hooked = torch.nn.parallel.DistributedDataParallel(
+        copy.deepcopy(base), bucket_cap_mb=args.bucket_cap_mb
+    )
+    hooks = ringlet.comm_hooks
+    hooked.register_comm_hook(hooks.AllReduceState(), hooks.allreduce_hook)
+    steppers = {
+        "ringlet": _stepper(ours, x, y),
+        "torch": _stepper(theirs, x, y),
+        "hook": _stepper(hooked, x, y),
+    }
     for step in steppers.values():  # warm up
         _block(step, max(1, args.steps // 2))
     times: dict[str, list[float]] = {k: [] for k in steppers}
@@ -127,8 +139,13 @@ def main() -> None:
         )
         print("| wrapper | step time (ms) | relative |")
         print("| --- | ---: | ---: |")
-        for k in ("ringlet", "torch"):
-            print(f"| {k} DDP | {med[k] * 1e3:.2f} | {med[k] / med['torch']:.2f} |")
+        labels = {
+            "ringlet": "ringlet DDP",
+            "torch": "torch DDP (gloo)",
+            "hook": "torch DDP + ringlet comm hook",
+        }
+        for k, label in labels.items():
+            print(f"| {label} | {med[k] * 1e3:.2f} | {med[k] / med['torch']:.2f} |")
     ringlet.shutdown()
 
 

@@ -282,6 +282,9 @@ def shutdown() -> None:
     tensor_api = sys.modules.get("ringlet.tensor")
     if tensor_api is not None and _state is not None:
         tensor_api.close_modules()  # their workers own communicators of this job
+    hooks = sys.modules.get("ringlet.comm_hooks")
+    if hooks is not None and _state is not None:
+        hooks.close_states()  # so do the DDP comm-hook workers
     with _lock:
         state, _state = _state, None
     if state is None:
