@@ -9,7 +9,7 @@ Example:
   >>> ringlet.all_reduce(ringlet.REDUCE_SUM, torch.ones(3))
 """
 
-from . import _core, comm_hooks, tensor
+from . import _core, comm_hooks, ops, tensor
 from .collectives import (
     REDUCE_AND,
     REDUCE_MAX,
@@ -91,6 +91,7 @@ __version__ = _core.__version__
 
 __all__ = [
     "comm_hooks",
+    "ops",
     "CoalescingBuckets",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",

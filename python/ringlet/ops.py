@@ -1,0 +1,263 @@
+"""ringlet's collectives as PyTorch operators: ``torch.ops.ringlet.*``.
+
+Registered with ``torch.library.custom_op``, so they carry a schema, a fake
+(meta) implementation for shape inference and an autograd formula. That makes
+them traceable by ``torch.compile`` without graph breaks and differentiable in
+eager mode, as the collectives of tensor parallelism need (the backward of an
+all-gather is a reduce-scatter, and so on). They run over the whole world;
+use :mod:`ringlet.collectives` for replica groups.
+
+Operators (each returns a new tensor; inputs are never modified):
+
+* ``torch.ops.ringlet.all_reduce(x, reduce_type="sum", scale=1.0)``
+* ``torch.ops.ringlet.all_gather(x, dim=0)``
+* ``torch.ops.ringlet.reduce_scatter(x, reduce_type="sum", scale=1.0, dim=0)``
+* ``torch.ops.ringlet.broadcast(x, root=0)``
+* ``torch.ops.ringlet.all_to_all(x, split_dim=0, concat_dim=0)``
+
+Gradients flow for ``sum`` reductions (any ``scale``); other reduce types
+raise in backward.
+
+Example:
+  >>> import ringlet.ops  # registers the operators
+  >>> w = torch.randn(4, 3, requires_grad=True)
+  >>> full = torch.ops.ringlet.all_gather(w, 0)      # (4 * world, 3)
+  >>> full.sum().backward()                          # w.grad == world
+"""
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import collectives as _c
+from . import runtime
+
+__all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
+
+
+def _world() -> int:
+    return runtime.world_size()
+
+
+def _dim(dim: int, ndim: int) -> int:
+    return dim % ndim if ndim else 0
+
+
+@torch.library.custom_op("ringlet::all_reduce", mutates_args=())
+def all_reduce(x: Tensor, reduce_type: str = "sum", scale: float = 1.0) -> Tensor:
+    """All-reduce over every rank, out of place (see :func:`ringlet.all_reduce`).
+
+    Args:
+      x (Tensor): The input (a contiguous copy is used if needed).
+      reduce_type (str): ``"sum"``, ``"mul"``, ``"min"``, ``"max"``, ``"and"``
+        or ``"or"``. Default: ``"sum"``
+      scale (float): Multiplies the result. Default: 1.0
+
+    Returns:
+      Tensor: The reduced tensor, identical on every rank.
+
+    Example:
+      >>> torch.ops.ringlet.all_reduce(torch.ones(2))   # on 2 ranks
+      tensor([2., 2.])
+    """
+    out = x.detach().contiguous().clone()
+    if _world() > 1:
+        _c.all_reduce(reduce_type, [out], scale=scale)
+    elif scale != 1.0:
+        _c._apply_scale(out, scale)
+    return out
+
+
+@all_reduce.register_fake
+def _(x: Tensor, reduce_type: str = "sum", scale: float = 1.0) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("ringlet::all_gather", mutates_args=())
+def all_gather(x: Tensor, dim: int = 0) -> Tensor:
+    """All-gather over every rank along ``dim`` (see :func:`ringlet.all_gather`).
+
+    Args:
+      x (Tensor): This rank's block.
+      dim (int): The gather dimension (negative counts from the end). Default: 0
+
+    Returns:
+      Tensor: Every rank's block in rank order along ``dim``.
+
+    Example:
+      >>> torch.ops.ringlet.all_gather(torch.tensor([rank]))   # on 2 ranks
+      tensor([0, 1])
+    """
+    x = x.detach().contiguous()
+    if _world() == 1:
+        return x.clone()
+    return _c.all_gather(x, dim=dim)
+
+
+@all_gather.register_fake
+def _(x: Tensor, dim: int = 0) -> Tensor:
+    shape = list(x.shape)
+    shape[_dim(dim, x.dim())] *= _world()
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("ringlet::reduce_scatter", mutates_args=())
+def reduce_scatter(x: Tensor, reduce_type: str = "sum", scale: float = 1.0, dim: int = 0) -> Tensor:
+    """Reduce-scatter over every rank along ``dim`` (see
+    :func:`ringlet.reduce_scatter`); ``x.shape[dim]`` must divide by the world
+    size.
+
+    Args:
+      x (Tensor): The full input on every rank.
+      reduce_type (str): As in :func:`all_reduce`. Default: ``"sum"``
+      scale (float): Multiplies the result. Default: 1.0
+      dim (int): The scatter dimension. Default: 0
+
+    Returns:
+      Tensor: Block ``rank`` of the reduction.
+
+    Example:
+      >>> torch.ops.ringlet.reduce_scatter(torch.ones(4))  # on 2 ranks
+      tensor([2., 2.])
+    """
+    x = x.detach().contiguous()
+    n = _world()
+    if n == 1:
+        out = x.clone()
+        if scale != 1.0:
+            _c._apply_scale(out, scale)
+        return out
+    return _c.reduce_scatter(reduce_type, x, scale, dim, n)
+
+
+@reduce_scatter.register_fake
+def _(x: Tensor, reduce_type: str = "sum", scale: float = 1.0, dim: int = 0) -> Tensor:
+    shape = list(x.shape)
+    shape[_dim(dim, x.dim())] //= _world()
+    return x.new_empty(shape)
+
+
+@torch.library.custom_op("ringlet::broadcast", mutates_args=())
+def broadcast(x: Tensor, root: int = 0) -> Tensor:
+    """Every rank gets rank ``root``'s tensor (see
+    :func:`ringlet.collective_broadcast`).
+
+    Args:
+      x (Tensor): The tensor (its value matters on ``root`` only).
+      root (int): The source rank. Default: 0
+
+    Returns:
+      Tensor: A copy of ``root``'s ``x``.
+
+    Example:
+      >>> torch.ops.ringlet.broadcast(torch.tensor([rank]), 1)   # on 2 ranks
+      tensor([1])
+    """
+    out = x.detach().contiguous().clone()
+    if _world() > 1:
+        _c.collective_broadcast([out], root_ordinal=root)
+    return out
+
+
+@broadcast.register_fake
+def _(x: Tensor, root: int = 0) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("ringlet::all_to_all", mutates_args=())
+def all_to_all(x: Tensor, split_dim: int = 0, concat_dim: int = 0) -> Tensor:
+    """All-to-all over every rank (see :func:`ringlet.all_to_all`): ``x`` is
+    split in world-size blocks along ``split_dim``, block ``j`` goes to rank
+    ``j``, and the received blocks are concatenated along ``concat_dim``.
+
+    Args:
+      x (Tensor): The input.
+      split_dim (int): The split dimension. Default: 0
+      concat_dim (int): The concatenation dimension. Default: 0
+
+    Returns:
+      Tensor: The concatenated blocks.
+
+    Example:
+      >>> torch.ops.ringlet.all_to_all(torch.arange(2) + 2 * rank)   # on 2 ranks
+      tensor([0, 2])   # rank 0; rank 1 gets tensor([1, 3])
+    """
+    x = x.detach().contiguous()
+    n = _world()
+    if n == 1:
+        return x.clone()
+    return _c.all_to_all(x, split_dim, concat_dim, n)
+
+
+@all_to_all.register_fake
+def _(x: Tensor, split_dim: int = 0, concat_dim: int = 0) -> Tensor:
+    shape = list(x.shape)
+    n = _world()
+    shape[_dim(split_dim, x.dim())] //= n
+    shape[_dim(concat_dim, x.dim())] *= n
+    return x.new_empty(shape)
+
+
+# -- autograd ----------------------------------------------------------------
+
+
+def _sum_only(ctx: Any, what: str) -> None:
+    if ctx.reduce_type != "sum":
+        raise RuntimeError(
+            f"ringlet::{what} is differentiable for reduce_type 'sum' only, got "
+            f"{ctx.reduce_type!r}"
+        )
+
+
+def _save_reduce(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.reduce_type, ctx.scale = inputs[1], inputs[2]
+    if len(inputs) > 3:
+        ctx.dim = inputs[3]
+
+
+def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    # Every rank's output depends on every rank's input: the gradient of x_r
+    # is scale times the sum over ranks of their output gradients.
+    _sum_only(ctx, "all_reduce")
+    return torch.ops.ringlet.all_reduce(grad, "sum", ctx.scale), None, None
+
+
+def _save_dim(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.dim = inputs[1]
+
+
+def _all_gather_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    # Block r of every rank's output is x_r: its gradient is the sum of those blocks.
+    return torch.ops.ringlet.reduce_scatter(grad, "sum", 1.0, ctx.dim), None
+
+
+def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    _sum_only(ctx, "reduce_scatter")
+    return torch.ops.ringlet.all_gather(grad * ctx.scale, ctx.dim), None, None, None
+
+
+def _save_root(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.root = inputs[1]
+
+
+def _broadcast_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    # Only the root's input reaches the outputs: it collects every gradient.
+    total = torch.ops.ringlet.all_reduce(grad, "sum", 1.0)
+    return (total if runtime.get_ordinal() == ctx.root else torch.zeros_like(total)), None
+
+
+def _save_dims(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.split_dim, ctx.concat_dim = inputs[1], inputs[2]
+
+
+def _all_to_all_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    # The exchange is a permutation of blocks: send the gradients back.
+    return torch.ops.ringlet.all_to_all(grad, ctx.concat_dim, ctx.split_dim), None, None
+
+
+all_reduce.register_autograd(_all_reduce_backward, setup_context=_save_reduce)
+all_gather.register_autograd(_all_gather_backward, setup_context=_save_dim)
+reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=_save_reduce)
+broadcast.register_autograd(_broadcast_backward, setup_context=_save_root)
+all_to_all.register_autograd(_all_to_all_backward, setup_context=_save_dims)
