@@ -31,7 +31,7 @@ use crate::transport::{OpDesc, OpKind};
 const OP: &str = "all_reduce";
 
 /// Received bytes reduced at a time while a TCP ring step is in flight.
-pub(crate) const OVERLAP_BATCH: usize = 128 << 10;
+const OVERLAP_BATCH: usize = 128 << 10;
 
 /// Bytes a TCP ring step moves per chunk (the receive scratch's size).
 pub(crate) const TCP_CHUNK: usize = 1 << 20;
@@ -211,37 +211,77 @@ fn ring_reduce_scatter(
         for k in 0..chunks {
             let piece = |len: usize| (k * chunk).min(len)..((k + 1) * chunk).min(len);
             let (sp, rp) = (piece(out.len()), piece(dst.len()));
-            let len = rp.len();
-            let dst = &mut dst[rp];
-            let mut reduced = 0;
-            mesh.transfer_with(
-                &mut [
-                    Xfer::send(next, &out[sp]),
-                    Xfer::recv(prev, &mut tmp[..len]),
-                ],
-                OP,
-                cfg.timeout,
-                |x| {
-                    let got = x[1].received();
-                    let upto = got.len() - got.len() % esz;
-                    if upto - reduced >= OVERLAP_BATCH || upto == len {
-                        reduce::reduce_inplace(
-                            dtype,
-                            op,
-                            &mut dst[reduced..upto],
-                            &[&got[reduced..upto]],
-                        )?;
-                        reduced = upto;
-                    }
-                    Ok(())
-                },
-            )?;
-            if reduced < len {
-                reduce::reduce_inplace(dtype, op, &mut dst[reduced..], &[&tmp[reduced..len]])?;
-            }
+            let step = RingStep {
+                what: OP,
+                next,
+                prev,
+                dtype,
+                op,
+            };
+            step.run(mesh, cfg, &out[sp], &mut dst[rp], None, tmp)?;
         }
     }
     Ok(())
+}
+
+/// One chunk of one ring step: sends `out` to `next` while the matching
+/// chunk from `prev` arrives in `tmp`, and reduces what has arrived in
+/// batches while the rest is still in flight: `dst = base ⊕ received` when
+/// `base` is given (the input stays untouched), else `dst ⊕= received`.
+pub(crate) struct RingStep {
+    pub(crate) what: &'static str,
+    pub(crate) next: usize,
+    pub(crate) prev: usize,
+    pub(crate) dtype: DType,
+    pub(crate) op: ReduceOp,
+}
+
+impl RingStep {
+    pub(crate) fn run(
+        &self,
+        mesh: &TcpMesh,
+        cfg: &Config,
+        out: &[u8],
+        dst: &mut [u8],
+        base: Option<&[u8]>,
+        tmp: &mut [u8],
+    ) -> Result<()> {
+        let (len, esz) = (dst.len(), self.dtype.size());
+        let mut reduced = 0;
+        mesh.transfer_with(
+            &mut [
+                Xfer::send(self.next, out),
+                Xfer::recv(self.prev, &mut tmp[..len]),
+            ],
+            self.what,
+            cfg.timeout,
+            |x| {
+                let got = x[1].received();
+                let upto = got.len() - got.len() % esz;
+                if upto - reduced >= OVERLAP_BATCH || upto == len {
+                    self.reduce(&mut dst[reduced..upto], base, got, reduced)?;
+                    reduced = upto;
+                }
+                Ok(())
+            },
+        )?;
+        if reduced < len {
+            self.reduce(&mut dst[reduced..], base, &tmp[..len], reduced)?;
+        }
+        Ok(())
+    }
+
+    /// Reduces `got[from..from + dst.len()]` into `dst`.
+    fn reduce(&self, dst: &mut [u8], base: Option<&[u8]>, got: &[u8], from: usize) -> Result<()> {
+        let got = &got[from..from + dst.len()];
+        match base {
+            Some(b) => {
+                let b = &b[from..from + dst.len()];
+                reduce::reduce_into(self.dtype, self.op, dst, &[b, got])
+            }
+            None => reduce::reduce_inplace(self.dtype, self.op, dst, &[got]),
+        }
+    }
 }
 
 /// Ring all-gather over `p` parts of `buf`, in place, when rank r starts out

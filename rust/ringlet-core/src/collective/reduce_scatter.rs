@@ -11,13 +11,13 @@
 //! owning block r; float16/bfloat16 travel as float32.
 
 use super::{pieces, Reused, CMA_PIECE};
-use crate::collective::all_reduce::{OVERLAP_BATCH, TCP_CHUNK};
+use crate::collective::all_reduce::{RingStep, TCP_CHUNK};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::{Communicator, Config, Link};
 use crate::reduce;
 use crate::transport::shm::ShmGroup;
-use crate::transport::tcp::{TcpMesh, Xfer};
+use crate::transport::tcp::TcpMesh;
 use crate::transport::{OpDesc, OpKind};
 
 const OP: &str = "reduce_scatter";
@@ -183,31 +183,21 @@ fn ring_reduce_scatter_from(
         };
         for k in 0..m.div_ceil(chunk) {
             let range = k * chunk..((k + 1) * chunk).min(m);
-            let len = range.len();
-            let (mine, dst) = (&mine[range.clone()], &mut dst[range.clone()]);
-            let mut reduced = 0;
-            mesh.transfer_with(
-                &mut [
-                    Xfer::send(next, &src[range]),
-                    Xfer::recv(prev, &mut tmp[..len]),
-                ],
-                OP,
-                cfg.timeout,
-                |x| {
-                    let got = x[1].received();
-                    let upto = got.len() - got.len() % esz;
-                    if upto - reduced >= OVERLAP_BATCH || upto == len {
-                        let srcs = [&mine[reduced..upto], &got[reduced..upto]];
-                        reduce::reduce_into(dtype, op, &mut dst[reduced..upto], &srcs)?;
-                        reduced = upto;
-                    }
-                    Ok(())
-                },
+            let step = RingStep {
+                what: OP,
+                next,
+                prev,
+                dtype,
+                op,
+            };
+            step.run(
+                mesh,
+                cfg,
+                &src[range.clone()],
+                &mut dst[range.clone()],
+                Some(&mine[range]),
+                tmp,
             )?;
-            if reduced < len {
-                let srcs = [&mine[reduced..], &tmp[reduced..len]];
-                reduce::reduce_into(dtype, op, &mut dst[reduced..], &srcs)?;
-            }
         }
         std::mem::swap(&mut built, &mut building);
     }
