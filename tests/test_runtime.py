@@ -96,6 +96,32 @@ def beside_gloo(rank: int, world: int, port: int) -> list[float]:
         dist.destroy_process_group()
 
 
+def late_pair(rank: int, world: int, gate: object) -> list[float]:
+    if rank == 0:
+        # Rank 0's process hosts the store. It shuts down first; the others
+        # only then connect a pair through the store, which must still be there.
+        gate.set()  # type: ignore[attr-defined]
+        ringlet.shutdown()
+        return []
+    gate.wait()  # type: ignore[attr-defined]
+    peer = 3 - rank
+    buf = torch.full((4,), float(rank))
+    if rank == 1:
+        ringlet.send(buf, dst=peer)
+        return ringlet.recv(torch.empty(4), src=peer).tolist()
+    got = ringlet.recv(torch.empty(4), src=peer).tolist()
+    ringlet.send(buf, dst=peer)
+    return got
+
+
+def test_store_host_waits_for_late_connections() -> None:
+    import torch.multiprocessing as mp
+
+    gate = mp.get_context("spawn").Event()
+    out = launch(3, late_pair, gate)
+    assert out == {0: [], 1: [2.0] * 4, 2: [1.0] * 4}
+
+
 def test_side_by_side_with_torch_distributed() -> None:
     out = launch(2, beside_gloo, free_port())
     assert out == {0: [3.0, 3.0], 1: [3.0, 3.0]}

@@ -9,6 +9,7 @@ addresses through the key-value store torchrun already runs (PyTorch's
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -52,6 +53,8 @@ class _State:
     # Multi-host jobs: (ranks of this host over shared memory, this local
     # index's ranks across hosts over TCP); see _hierarchy.
     hier: Optional[tuple[_core.Communicator, _core.Communicator]] = None
+    # Rank 0 of an explicit init runs the key-value store in its own process.
+    hosts_store: bool = False
 
 
 _state: Optional[_State] = None
@@ -231,7 +234,10 @@ def init(
             # rank 0 of an explicit init, take the store down with it) before
             # every rank has connected both.
             comm.barrier()
-        _state = _State(rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier)
+        _state = _State(
+            rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier,
+            hosts_store=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+        )
 
 
 def _layout(hosts: list[str]) -> list[list[int]]:
@@ -289,9 +295,42 @@ def shutdown() -> None:
         state, _state = _state, None
     if state is None:
         return
+    _leave_store(state)
     for comm in [*state.groups.values(), *state.pairs.values(), *(state.hier or ())]:
         comm.close()
     state.comm.close()
+
+
+# Longest the store's host waits at shutdown for the other ranks to leave.
+_LEAVE_WAIT_S = 30.0
+
+
+def _leave_store(state: _State) -> None:
+    """Counts this rank out of the job's key-value store. Groups and pairs
+    connect lazily through the store, so the rank whose process hosts it
+    (rank 0 of an explicit init) waits until every rank has counted out
+    before it may exit: a rank still connecting a group must not lose the
+    store under it. It does not wait when the job has already failed (a lost
+    or late peer would never count out), and never longer than
+    ``min(timeout, 30 s)``."""
+    if state.store is None or state.world_size == 1:
+        return
+    done = f"{state.prefix}/left/all"
+    try:
+        if int(state.store.add(f"{state.prefix}/left", 1)) == state.world_size:
+            state.store.set(done, "1")
+        if state.hosts_store and not state.comm.failed():
+            state.store.wait([done], timedelta(seconds=min(state.timeout, _LEAVE_WAIT_S)))
+    except Exception:  # the store is gone, or a rank never left: nothing to keep alive for
+        pass
+
+
+def _exit_shutdown() -> None:
+    if _state is not None:
+        shutdown()
+
+
+atexit.register(_exit_shutdown)
 
 
 def is_initialized() -> bool:

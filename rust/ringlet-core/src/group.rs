@@ -200,6 +200,12 @@ impl Communicator {
         out
     }
 
+    /// True once a fatal error (a lost or late peer) has made the
+    /// communicator unusable.
+    pub fn failed(&self) -> bool {
+        self.failure.is_some()
+    }
+
     /// Gives up on the communicator: peers blocked on this rank fail fast.
     pub fn abort(&mut self, reason: Error) {
         match &self.link {

@@ -359,6 +359,15 @@ impl Communicator {
         self.with(py, |c| c.barrier())
     }
 
+    /// True when a fatal error made the communicator unusable, or it was
+    /// closed.
+    fn failed(&self, py: Python<'_>) -> bool {
+        py.allow_threads(|| match self.inner.lock() {
+            Ok(g) => g.as_ref().is_none_or(|c| c.failed()),
+            Err(_) => true,
+        })
+    }
+
     /// Closes the connections; later calls raise.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         run(py, || {
