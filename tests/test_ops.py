@@ -106,22 +106,19 @@ def opchecks(rank: int, world: int) -> None:
         )
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_values_and_fake_shapes(world: int) -> None:
-    launch(world, values)
+def everything(rank: int, world: int) -> None:
+    values(rank, world)
+    gradients(rank, world)
+    if world == 2:  # registration checks and compilation do not depend on the size
+        opchecks(rank, world)
+        compiled(rank, world)
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_gradients(world: int) -> None:
-    launch(world, gradients)
-
-
-def test_torch_compile_fullgraph() -> None:
-    launch(2, compiled, timeout=240)
-
-
-def test_opcheck() -> None:
-    launch(2, opchecks)
+def test_ops_on_ranks(world: int) -> None:
+    """Values and fake shapes, gradients; on 2 ranks also opcheck and
+    torch.compile(fullgraph=True). One launch per world size."""
+    launch(world, everything, timeout=240)
 
 
 def test_world_of_one_without_init() -> None:
