@@ -128,59 +128,60 @@ pub fn futex_wake_all(word: &AtomicU32) {
 /// Copies `dst.len()` bytes from address `remote` in process `pid` into `dst`
 /// (cross-memory attach, one copy, no kernel buffer).
 pub fn read_peer_memory(pid: u32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < dst.len() {
+    cross_memory(remote, dst.len(), "process_vm_readv", |done, remote_iov| {
         let local = libc::iovec {
             iov_base: dst[done..].as_mut_ptr().cast(),
-            iov_len: dst.len() - done,
+            iov_len: remote_iov.iov_len,
         };
-        let remote_iov = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: dst.len() - done,
-        };
-        // SAFETY: the local iovec covers exactly the writable slice `dst[done..]`;
+        // SAFETY: the local iovec covers exactly the writable rest of `dst`;
         // the remote iovec is only interpreted in the other process's address
         // space by the kernel, which validates it.
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote_iov, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "process_vm_readv read nothing",
-            ));
-        }
-        done += n as usize;
-    }
-    Ok(())
+        unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, remote_iov, 1, 0) }
+    })
 }
 
 /// Copies `src` to address `remote` in process `pid` (cross-memory attach,
 /// one copy, no kernel buffer).
 pub fn write_peer_memory(pid: u32, remote: u64, src: &[u8]) -> io::Result<()> {
+    cross_memory(
+        remote,
+        src.len(),
+        "process_vm_writev",
+        |done, remote_iov| {
+            let local = libc::iovec {
+                iov_base: src[done..].as_ptr() as *mut libc::c_void,
+                iov_len: remote_iov.iov_len,
+            };
+            // SAFETY: the local iovec covers exactly the readable rest of `src`,
+            // which the kernel only reads; the remote iovec is interpreted (and
+            // validated) in the other process's address space.
+            unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, remote_iov, 1, 0) }
+        },
+    )
+}
+
+/// Moves `len` bytes at `remote` with `call(done, remote_iov)` until all have
+/// moved (the kernel may move fewer per call than asked).
+fn cross_memory(
+    remote: u64,
+    len: usize,
+    what: &str,
+    mut call: impl FnMut(usize, &libc::iovec) -> isize,
+) -> io::Result<()> {
     let mut done = 0usize;
-    while done < src.len() {
-        let local = libc::iovec {
-            iov_base: src[done..].as_ptr() as *mut libc::c_void,
-            iov_len: src.len() - done,
-        };
+    while done < len {
         let remote_iov = libc::iovec {
             iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: src.len() - done,
+            iov_len: len - done,
         };
-        // SAFETY: the local iovec covers exactly the readable slice
-        // `src[done..]`, which the kernel only reads; the remote iovec is
-        // interpreted (and validated) in the other process's address space.
-        let n =
-            unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote_iov, 1, 0) };
+        let n = call(done, &remote_iov);
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                "process_vm_writev wrote nothing",
+                format!("{what} moved nothing"),
             ));
         }
         done += n as usize;
