@@ -34,7 +34,7 @@ const OP: &str = "all_reduce";
 const OVERLAP_BATCH: usize = 128 << 10;
 
 /// Bytes a TCP ring step moves per chunk (the receive scratch's size).
-pub(crate) const TCP_CHUNK: usize = 1 << 20;
+const TCP_CHUNK: usize = 1 << 20;
 
 impl Communicator {
     /// Reduces `buf` (elements of `dtype`) across all ranks, in place.
@@ -196,57 +196,78 @@ fn ring_reduce_scatter(
     let (p, r) = (mesh.size(), mesh.rank());
     let esz = dtype.size();
     let count = buf.len() / esz;
-    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
-    let chunk = (TCP_CHUNK / esz).max(1) * esz;
-    let mut tmp = Reused::new(chunk);
-    let tmp = tmp.bytes();
+    let mut ring = Ring::new(mesh, OP, dtype, op);
     for s in 0..p - 1 {
         let send = part_bytes(count, p, (r + p - s) % p, esz);
         let recv = part_bytes(count, p, (r + 2 * p - s - 1) % p, esz);
         let (out, dst) = split_ref_mut(buf, send, recv);
-        // The step moves in chunks through a small, cache-resident scratch;
-        // within a chunk, what has arrived is reduced while the rest is
-        // still in flight.
-        let chunks = out.len().max(dst.len()).div_ceil(chunk);
-        for k in 0..chunks {
-            let piece = |len: usize| (k * chunk).min(len)..((k + 1) * chunk).min(len);
-            let (sp, rp) = (piece(out.len()), piece(dst.len()));
-            let step = RingStep {
-                what: OP,
-                next,
-                prev,
-                dtype,
-                op,
-            };
-            step.run(mesh, cfg, &out[sp], &mut dst[rp], None, tmp)?;
-        }
+        ring.step(mesh, cfg, out, dst, None)?;
     }
     Ok(())
 }
 
-/// One chunk of one ring step: sends `out` to `next` while the matching
-/// chunk from `prev` arrives in `tmp`, and reduces what has arrived in
-/// batches while the rest is still in flight: `dst = base ⊕ received` when
-/// `base` is given (the input stays untouched), else `dst ⊕= received`.
-pub(crate) struct RingStep {
-    pub(crate) what: &'static str,
-    pub(crate) next: usize,
-    pub(crate) prev: usize,
-    pub(crate) dtype: DType,
-    pub(crate) op: ReduceOp,
+/// The reduce steps of a TCP ring: each sends a block to the next rank while
+/// the previous rank's block arrives, in chunks through a small,
+/// cache-resident scratch; within a chunk, what has arrived is reduced while
+/// the rest is still in flight.
+pub(crate) struct Ring {
+    what: &'static str,
+    next: usize,
+    prev: usize,
+    dtype: DType,
+    op: ReduceOp,
+    chunk: usize,
+    tmp: Reused,
 }
 
-impl RingStep {
-    pub(crate) fn run(
-        &self,
+impl Ring {
+    pub(crate) fn new(mesh: &TcpMesh, what: &'static str, dtype: DType, op: ReduceOp) -> Self {
+        let (p, r) = (mesh.size(), mesh.rank());
+        let chunk = (TCP_CHUNK / dtype.size()).max(1) * dtype.size();
+        Ring {
+            what,
+            next: (r + 1) % p,
+            prev: (r + p - 1) % p,
+            dtype,
+            op,
+            chunk,
+            tmp: Reused::new(chunk),
+        }
+    }
+
+    /// One step: sends `out`, receives `dst.len()` bytes and reduces them:
+    /// `dst = base ⊕ received` when `base` is given (the input stays
+    /// untouched), else `dst ⊕= received`. `out` and `dst` may differ in
+    /// length (uneven parts).
+    pub(crate) fn step(
+        &mut self,
         mesh: &TcpMesh,
         cfg: &Config,
         out: &[u8],
         dst: &mut [u8],
         base: Option<&[u8]>,
-        tmp: &mut [u8],
     ) -> Result<()> {
-        let (len, esz) = (dst.len(), self.dtype.size());
+        let chunk = self.chunk;
+        for k in 0..out.len().max(dst.len()).div_ceil(chunk) {
+            let piece = |len: usize| (k * chunk).min(len)..((k + 1) * chunk).min(len);
+            let (sp, rp) = (piece(out.len()), piece(dst.len()));
+            let base = base.map(|b| &b[rp.clone()]);
+            self.chunk_step(mesh, cfg, &out[sp], &mut dst[rp], base)?;
+        }
+        Ok(())
+    }
+
+    fn chunk_step(
+        &mut self,
+        mesh: &TcpMesh,
+        cfg: &Config,
+        out: &[u8],
+        dst: &mut [u8],
+        base: Option<&[u8]>,
+    ) -> Result<()> {
+        let (dtype, op, len) = (self.dtype, self.op, dst.len());
+        let esz = dtype.size();
+        let tmp = self.tmp.bytes();
         let mut reduced = 0;
         mesh.transfer_with(
             &mut [
@@ -259,28 +280,33 @@ impl RingStep {
                 let got = x[1].received();
                 let upto = got.len() - got.len() % esz;
                 if upto - reduced >= OVERLAP_BATCH || upto == len {
-                    self.reduce(&mut dst[reduced..upto], base, got, reduced)?;
+                    reduce_chunk(dtype, op, &mut dst[reduced..upto], base, got, reduced)?;
                     reduced = upto;
                 }
                 Ok(())
             },
         )?;
         if reduced < len {
-            self.reduce(&mut dst[reduced..], base, &tmp[..len], reduced)?;
+            reduce_chunk(dtype, op, &mut dst[reduced..], base, &tmp[..len], reduced)?;
         }
         Ok(())
     }
+}
 
-    /// Reduces `got[from..from + dst.len()]` into `dst`.
-    fn reduce(&self, dst: &mut [u8], base: Option<&[u8]>, got: &[u8], from: usize) -> Result<()> {
-        let got = &got[from..from + dst.len()];
-        match base {
-            Some(b) => {
-                let b = &b[from..from + dst.len()];
-                reduce::reduce_into(self.dtype, self.op, dst, &[b, got])
-            }
-            None => reduce::reduce_inplace(self.dtype, self.op, dst, &[got]),
-        }
+/// Reduces `got[from..from + dst.len()]` into `dst`, on top of the same range
+/// of `base` when given.
+fn reduce_chunk(
+    dtype: DType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    base: Option<&[u8]>,
+    got: &[u8],
+    from: usize,
+) -> Result<()> {
+    let range = from..from + dst.len();
+    match base {
+        Some(b) => reduce::reduce_into(dtype, op, dst, &[&b[range.clone()], &got[range]]),
+        None => reduce::reduce_inplace(dtype, op, dst, &[&got[range]]),
     }
 }
 

@@ -11,7 +11,7 @@
 //! owning block r; float16/bfloat16 travel as float32.
 
 use super::{pieces, Reused, CMA_PIECE};
-use crate::collective::all_reduce::{RingStep, TCP_CHUNK};
+use crate::collective::all_reduce::Ring;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::{Communicator, Config, Link};
@@ -161,12 +161,9 @@ fn ring_reduce_scatter_from(
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (p, r, m, esz) = (mesh.size(), mesh.rank(), output.len(), dtype.size());
-    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    let (p, r, m) = (mesh.size(), mesh.rank(), output.len());
     let block = |j: usize| &input[j * m..(j + 1) * m];
-    let chunk = (TCP_CHUNK / esz).max(1) * esz;
-    let mut tmp = Reused::new(chunk);
-    let tmp = tmp.bytes();
+    let mut ring = Ring::new(mesh, OP, dtype, op);
     let mut accs = Reused::new(if p > 2 { 2 * m } else { 0 });
     let (mut built, mut building) = accs.bytes().split_at_mut(if p > 2 { m } else { 0 });
     for s in 0..p - 1 {
@@ -181,24 +178,7 @@ fn ring_reduce_scatter_from(
         } else {
             &mut *building
         };
-        for k in 0..m.div_ceil(chunk) {
-            let range = k * chunk..((k + 1) * chunk).min(m);
-            let step = RingStep {
-                what: OP,
-                next,
-                prev,
-                dtype,
-                op,
-            };
-            step.run(
-                mesh,
-                cfg,
-                &src[range.clone()],
-                &mut dst[range.clone()],
-                Some(&mine[range]),
-                tmp,
-            )?;
-        }
+        ring.step(mesh, cfg, src, dst, Some(mine))?;
         std::mem::swap(&mut built, &mut building);
     }
     Ok(())
