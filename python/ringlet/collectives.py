@@ -415,7 +415,7 @@ def all_reduce(
         _reduce_inplace(comm, [out], reduce_type, scale)
         return out.numpy() if isinstance(inputs, np.ndarray) else out
     if isinstance(inputs, (list, tuple)):
-        tensors = [
+        tensors = [  # tensors skip _as_tensor: no name to format on the hot path
             t if isinstance(t, torch.Tensor) else _as_tensor(t, f"inputs[{i}]", write=True)
             for i, t in enumerate(inputs)
         ]
