@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from . import runtime
-from .collectives import _DTYPE_NAMES
+from ._engine import _DTYPE_NAMES
 from .tensor import new_communicator
 
 __all__ = ["AllReduceState", "allreduce_hook"]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from . import runtime
-from .collectives import _DTYPE_NAMES
+from ._engine import _DTYPE_NAMES
 from .tensor import get_module, new_communicator
 
 __all__ = ["DistributedDataParallel"]

@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from . import _core, runtime
-from .collectives import _DTYPE_NAMES
+from ._engine import _DTYPE_NAMES
 from .errors import TensorRegistrationError
 
 __all__ = [

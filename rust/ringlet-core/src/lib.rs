@@ -9,6 +9,7 @@ pub mod collective;
 pub mod dtype;
 pub mod error;
 pub mod group;
+pub mod progress;
 pub mod reduce;
 pub mod registry;
 mod sys;

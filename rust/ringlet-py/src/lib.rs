@@ -3,6 +3,7 @@
 //! exceptions and maps errors (in `errors.rs`). Nothing else.
 
 mod errors;
+mod progress;
 mod registry;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -15,7 +16,10 @@ use std::time::Duration;
 
 /// Runs `f` without the GIL, converting panics and engine errors to Python
 /// exceptions. Every call into the engine goes through here.
-fn run<T: Send>(py: Python<'_>, f: impl FnOnce() -> core::Result<T> + Send) -> PyResult<T> {
+pub(crate) fn run<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> core::Result<T> + Send,
+) -> PyResult<T> {
     match py.allow_threads(|| catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(errors::to_pyerr(e)),
@@ -391,6 +395,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Listener>()?;
     m.add_class::<Communicator>()?;
     m.add_class::<registry::TensorModule>()?;
+    m.add_class::<progress::Progress>()?;
     m.add_function(wrap_pyfunction!(host_identity, m)?)?;
     Ok(())
 }

@@ -1,0 +1,251 @@
+//! An ordered progress queue: one thread that runs submitted jobs strictly in
+//! submission order, so asynchronous operations issued on a process group
+//! complete in issue order while the caller goes on computing.
+//!
+//! Every job gets a ticket (its position in the queue). [`Progress::wait`]
+//! blocks until a ticket's job has run. A waiter whose job has not started yet
+//! runs the queued jobs itself, in order, instead of waking the thread and
+//! sleeping: a synchronous call (submit, then wait at once) then costs no
+//! thread switch. Whoever runs a job, the next one starts only after it ends.
+//!
+//! Jobs report their own outcome (the binding stores it beside the ticket);
+//! the queue only tracks which have run. A panicking job counts as run.
+
+use crate::error::{Error, Result};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A unit of work run on the progress thread (or by a waiter).
+pub type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Job>,
+    /// Tickets handed out so far (the next ticket).
+    issued: u64,
+    /// Jobs that have finished: tickets `< finished` are done.
+    finished: u64,
+    /// A job is running (on the thread or in a waiter).
+    running: bool,
+    stop: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when a job is queued or the queue stops.
+    work: Condvar,
+    /// Signalled when a job finishes.
+    done: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A job never runs under the lock, so a poisoned lock still holds
+        // consistent counters.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs the job at the head of the queue with the lock released; returns
+    /// the lock re-taken after the job finished.
+    fn run_head<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let Some(job) = st.queue.pop_front() else {
+            return st;
+        };
+        st.running = true;
+        drop(st);
+        let _ = catch_unwind(AssertUnwindSafe(job));
+        let mut st = self.lock();
+        st.running = false;
+        st.finished += 1;
+        self.done.notify_all();
+        if !st.queue.is_empty() {
+            self.work.notify_one();
+        }
+        st
+    }
+}
+
+/// The queue and its thread. Dropping it runs what is queued, then joins.
+pub struct Progress {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Progress {
+    /// Starts the progress thread, named `name`.
+    pub fn new(name: &str) -> Result<Self> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let worker = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                let mut st = worker.lock();
+                loop {
+                    if !st.running && !st.queue.is_empty() {
+                        st = worker.run_head(st);
+                        continue;
+                    }
+                    if st.stop && st.queue.is_empty() {
+                        return;
+                    }
+                    st = worker.work.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            })
+            .map_err(|e| Error::io("starting the progress thread", e))?;
+        Ok(Progress {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Queues `job`; returns its ticket.
+    pub fn submit(&self, job: Job) -> Result<u64> {
+        let mut st = self.shared.lock();
+        if st.stop {
+            return Err(Error::InvalidArgument(
+                "the progress queue is closed (the process group was destroyed)".into(),
+            ));
+        }
+        st.queue.push_back(job);
+        let ticket = st.issued;
+        st.issued += 1;
+        self.shared.work.notify_one();
+        Ok(ticket)
+    }
+
+    /// Whether the job of `ticket` has run.
+    pub fn is_done(&self, ticket: u64) -> bool {
+        self.shared.lock().finished > ticket
+    }
+
+    /// Blocks until the job of `ticket` has run, running queued jobs (in
+    /// order) on the calling thread when none is running. Returns false when
+    /// `timeout` passed first.
+    pub fn wait(&self, ticket: u64, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut st = self.shared.lock();
+        loop {
+            if st.finished > ticket {
+                return true;
+            }
+            if !st.running && !st.queue.is_empty() {
+                st = self.shared.run_head(st);
+                continue;
+            }
+            st = match deadline {
+                None => self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    self.shared
+                        .done
+                        .wait_timeout(st, d - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+    }
+
+    /// Number of jobs queued or running.
+    pub fn pending(&self) -> u64 {
+        let st = self.shared.lock();
+        st.issued - st.finished
+    }
+
+    /// Refuses new jobs, lets the queued ones run, and joins the thread
+    /// (unless called from a job on that thread, which cannot join itself).
+    pub fn close(&self) {
+        {
+            let mut st = self.shared.lock();
+            st.stop = true;
+            self.shared.work.notify_all();
+        }
+        let handle = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = handle {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn jobs_run_in_order_whoever_runs_them() {
+        let p = Progress::new("test-progress").unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut tickets = Vec::new();
+        for i in 0..200 {
+            let log = Arc::clone(&log);
+            tickets.push(
+                p.submit(Box::new(move || log.lock().unwrap().push(i)))
+                    .unwrap(),
+            );
+            if i % 7 == 0 {
+                assert!(p.wait(tickets[i], None));
+            }
+        }
+        assert!(p.wait(*tickets.last().unwrap(), Some(Duration::from_secs(10))));
+        assert_eq!(*log.lock().unwrap(), (0..200).collect::<Vec<_>>());
+        assert_eq!(p.pending(), 0);
+    }
+
+    #[test]
+    fn wait_times_out_behind_a_slow_job_and_close_drains() {
+        let p = Progress::new("test-progress").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let count = Arc::new(AtomicUsize::new(0));
+        let c1 = Arc::clone(&count);
+        let first = p
+            .submit(Box::new(move || {
+                let _ = rx.recv();
+                c1.fetch_add(1, Ordering::SeqCst);
+            }))
+            .unwrap();
+        // Make sure the thread (not this waiter) holds the first job.
+        while p.shared.lock().queue.len() == 1 && !p.shared.lock().running {
+            std::thread::yield_now();
+        }
+        let c2 = Arc::clone(&count);
+        let second = p
+            .submit(Box::new(move || {
+                c2.fetch_add(1, Ordering::SeqCst);
+            }))
+            .unwrap();
+        assert!(!p.wait(second, Some(Duration::from_millis(20))));
+        assert!(!p.is_done(first));
+        tx.send(()).unwrap();
+        p.close();
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+        assert!(p.submit(Box::new(|| {})).is_err());
+    }
+
+    #[test]
+    fn a_panicking_job_counts_as_run() {
+        let p = Progress::new("test-progress").unwrap();
+        let t = p.submit(Box::new(|| panic!("boom"))).unwrap();
+        assert!(p.wait(t, Some(Duration::from_secs(5))));
+        let t2 = p.submit(Box::new(|| {})).unwrap();
+        assert!(p.wait(t2, Some(Duration::from_secs(5))));
+    }
+}

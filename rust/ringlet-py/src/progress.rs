@@ -1,0 +1,86 @@
+//! `ringlet._core.Progress`: the ordered progress queue of a process group.
+//! Jobs are Python callables; the queue's thread (or a waiter that runs
+//! queued jobs itself) takes the GIL only while a callable runs, and every
+//! callable releases it again around its engine calls.
+
+use crate::run;
+use pyo3::prelude::*;
+use ringlet_core as core;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[pyclass(module = "ringlet._core", frozen)]
+pub struct Progress {
+    inner: Mutex<Option<Arc<core::progress::Progress>>>,
+}
+
+impl Progress {
+    /// The queue, shared so that a waiter never holds the lock others need.
+    fn get(&self) -> core::Result<Arc<core::progress::Progress>> {
+        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        guard.clone().ok_or_else(|| {
+            core::Error::InvalidArgument(
+                "the progress queue is closed (the process group was destroyed)".into(),
+            )
+        })
+    }
+}
+
+#[pymethods]
+impl Progress {
+    #[new]
+    fn new(name: &str) -> PyResult<Self> {
+        let p = core::progress::Progress::new(name).map_err(crate::errors::to_pyerr)?;
+        Ok(Progress {
+            inner: Mutex::new(Some(Arc::new(p))),
+        })
+    }
+
+    /// Queues `job` (a callable taking no arguments; its exceptions are
+    /// printed and otherwise ignored: jobs report their own outcome).
+    fn submit(&self, py: Python<'_>, job: PyObject) -> PyResult<u64> {
+        let boxed: core::progress::Job = Box::new(move || {
+            Python::with_gil(|py| {
+                if let Err(e) = job.call0(py) {
+                    e.print(py);
+                }
+                drop(job);
+            })
+        });
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        run(py, move || queue.submit(boxed))
+    }
+
+    /// Whether the job of `ticket` has run.
+    fn is_done(&self, ticket: u64) -> PyResult<bool> {
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        Ok(queue.is_done(ticket))
+    }
+
+    /// Waits (GIL released) until the job of `ticket` has run; False when
+    /// `timeout_s` passed first. Runs queued jobs itself when none is running.
+    #[pyo3(signature = (ticket, timeout_s=None))]
+    fn wait(&self, py: Python<'_>, ticket: u64, timeout_s: Option<f64>) -> PyResult<bool> {
+        let timeout = timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        run(py, move || Ok(queue.wait(ticket, timeout)))
+    }
+
+    /// Jobs queued or running.
+    fn pending(&self) -> PyResult<u64> {
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        Ok(queue.pending())
+    }
+
+    /// Runs what is queued, then stops the thread; later submits raise.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(queue) = taken {
+            run(py, move || {
+                queue.close();
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+}
