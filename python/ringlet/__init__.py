@@ -9,7 +9,7 @@ Example:
   >>> ringlet.all_reduce(ringlet.REDUCE_SUM, torch.ones(3))
 """
 
-from . import _core, comm_hooks, ops, tensor
+from . import _core, c10d, comm_hooks, ops, tensor
 from .collectives import (
     REDUCE_AND,
     REDUCE_MAX,
@@ -88,6 +88,8 @@ from .runtime import (
 )
 
 __version__ = _core.__version__
+
+c10d.register()  # init_process_group("ringlet")
 
 __all__ = [
     "comm_hooks",

@@ -163,10 +163,10 @@ def _two_level(comm: Any, nbytes: int) -> Optional[tuple[Any, Any]]:
     ``nbytes`` should run in two levels (multi-host jobs, large messages)."""
     if nbytes < _HIER_MIN_BYTES:
         return None
-    hier = runtime._require().hier
-    if hier is None or comm is not runtime._world():
+    state = runtime._state  # None for c10d groups without ringlet.init()
+    if state is None or state.hier is None or comm is not state.comm:
         return None
-    return hier
+    return state.hier
 
 
 def _agree(comm: Any, op: str, fields: list[int], what: str) -> None:

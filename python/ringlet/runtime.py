@@ -16,6 +16,7 @@ import secrets
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
@@ -144,10 +145,21 @@ def _connect(
     if group_rank == 0:
         store.set(f"{key}/token", str(secrets.randbits(63)))
 
+    deadline = time.monotonic() + timeout
+
     def fetch(what: str, r: int) -> bytes:
+        # Poll instead of a blocking get: a blocking get holds the store
+        # client's lock, and threads of one process that connect different
+        # groups at once (the c10d backend's queues) would wait on each other.
+        pause = 1e-4
         try:
+            while not store.check([what]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"key {what!r} not set")
+                time.sleep(pause)
+                pause = min(2 * pause, 0.01)
             return bytes(store.get(what))
-        except Exception as e:  # the store's own timeout error
+        except Exception as e:  # the deadline, or the store's own error
             who = members[r] if members is not None else r
             mine = members[group_rank] if members is not None else group_rank
             raise CollectiveTimeoutError(

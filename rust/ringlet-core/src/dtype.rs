@@ -90,20 +90,23 @@ pub enum ReduceOp {
     Max = 3,
     And = 4,
     Or = 5,
+    Xor = 6,
 }
 
 /// Every reduce op, in code order.
-pub const ALL_OPS: [ReduceOp; 6] = [
+pub const ALL_OPS: [ReduceOp; 7] = [
     ReduceOp::Sum,
     ReduceOp::Mul,
     ReduceOp::Min,
     ReduceOp::Max,
     ReduceOp::And,
     ReduceOp::Or,
+    ReduceOp::Xor,
 ];
 
 impl ReduceOp {
-    /// The xla_model name (`"sum"`, `"mul"`, `"min"`, `"max"`, `"and"`, `"or"`).
+    /// The xla_model name (`"sum"`, `"mul"`, `"min"`, `"max"`, `"and"`, `"or"`),
+    /// plus `"xor"` (torch.distributed's `BXOR`).
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -112,6 +115,7 @@ impl ReduceOp {
             ReduceOp::Max => "max",
             ReduceOp::And => "and",
             ReduceOp::Or => "or",
+            ReduceOp::Xor => "xor",
         }
     }
 
@@ -123,7 +127,7 @@ impl ReduceOp {
             .find(|o| o.name() == name)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "unknown reduce type '{name}' (expected one of sum, mul, min, max, and, or)"
+                    "unknown reduce type '{name}' (expected one of sum, mul, min, max, and, or, xor)"
                 ))
             })
     }
@@ -133,10 +137,10 @@ impl ReduceOp {
         ALL_OPS.get(code as usize).copied()
     }
 
-    /// Checks that this op is defined for `dtype`: `and`/`or` need bool or
+    /// Checks that this op is defined for `dtype`: `and`/`or`/`xor` need bool or
     /// integer elements.
     pub fn check(self, dtype: DType) -> Result<()> {
-        if matches!(self, ReduceOp::And | ReduceOp::Or) && dtype.is_float() {
+        if matches!(self, ReduceOp::And | ReduceOp::Or | ReduceOp::Xor) && dtype.is_float() {
             return Err(Error::InvalidArgument(format!(
                 "reduce type '{}' is not defined for {} tensors (use a bool or integer dtype)",
                 self.name(),

@@ -116,7 +116,7 @@ fn float_slices<T: Float>(op: ReduceOp, dst: &mut [T], src: &[T]) {
         ReduceOp::Min => zip_apply(dst, src, fmin),
         ReduceOp::Max => zip_apply(dst, src, fmax),
         // Rejected by ReduceOp::check before dispatch.
-        ReduceOp::And | ReduceOp::Or => {}
+        ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => {}
     }
 }
 
@@ -180,6 +180,7 @@ trait Int: Pod + Ord {
     fn wrapping_mul(self, o: Self) -> Self;
     fn bitand(self, o: Self) -> Self;
     fn bitor(self, o: Self) -> Self;
+    fn bitxor(self, o: Self) -> Self;
 }
 macro_rules! int_impl {
     ($($t:ty),*) => {$(
@@ -188,6 +189,7 @@ macro_rules! int_impl {
             #[inline(always)] fn wrapping_mul(self, o: Self) -> Self { <$t>::wrapping_mul(self, o) }
             #[inline(always)] fn bitand(self, o: Self) -> Self { self & o }
             #[inline(always)] fn bitor(self, o: Self) -> Self { self | o }
+            #[inline(always)] fn bitxor(self, o: Self) -> Self { self ^ o }
         }
     )*};
 }
@@ -204,6 +206,7 @@ fn int_inplace<T: Int>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Result<(
             ReduceOp::Max => zip_apply(d, s, Ord::max),
             ReduceOp::And => zip_apply(d, s, T::bitand),
             ReduceOp::Or => zip_apply(d, s, T::bitor),
+            ReduceOp::Xor => zip_apply(d, s, T::bitxor),
         }
     }
     Ok(())
@@ -214,6 +217,7 @@ fn bool_inplace(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Result<()> {
         match op {
             ReduceOp::Sum | ReduceOp::Max | ReduceOp::Or => zip_apply(dst, s, |a, b| a | b),
             ReduceOp::Mul | ReduceOp::Min | ReduceOp::And => zip_apply(dst, s, |a, b| a & b),
+            ReduceOp::Xor => zip_apply(dst, s, |a, b| a ^ b),
         }
     }
     Ok(())
@@ -296,6 +300,7 @@ mod tests {
             (ReduceOp::Max, [i8::MAX, 6, 5]),
             (ReduceOp::And, [1, 2, 5]),
             (ReduceOp::Or, [i8::MAX, 7, -3]),
+            (ReduceOp::Xor, [126, 5, -8]),
         ];
         for (op, want) in cases {
             let mut d = vec![0u8; 3];
@@ -313,6 +318,7 @@ mod tests {
             (ReduceOp::Mul, [0, 0, 0, 1]),
             (ReduceOp::And, [0, 0, 0, 1]),
             (ReduceOp::Or, [0, 1, 1, 1]),
+            (ReduceOp::Xor, [0, 1, 1, 0]),
         ] {
             let mut d = vec![0u8; 4];
             reduce_into(DType::Bool, op, &mut d, &[&a, &b]).unwrap();

@@ -1,0 +1,962 @@
+"""ringlet as a ``torch.distributed`` backend: ``init_process_group("ringlet")``.
+
+Importing ringlet registers the backend ``"ringlet"`` for CPU tensors (and the
+package's ``torch.backends`` entry point registers it when torch is imported,
+so ``pip install ringlet`` alone is enough). torch's own collectives, DDP,
+FSDP2, DTensor, tensor parallelism, functional collectives and
+``torch.distributed.checkpoint`` then run on ringlet's engine.
+
+Each process group connects its own communicator through the store that
+``init_process_group`` / ``new_group`` hands it (no second rendezvous), the
+first time it is used, by its members only. Operations run in issue order on
+the group's progress thread (``ringlet._core.Progress``, in the Rust core);
+``Work.wait()`` blocks with the GIL released, and a caller that waits for an
+operation nobody has started yet runs it itself, so a synchronous call costs
+no thread switch. Point-to-point messages run on a queue per direction and
+peer, so sends and receives in any order between any ranks never deadlock.
+
+Example:
+  >>> import torch, torch.distributed as dist, ringlet
+  >>> dist.init_process_group("ringlet")          # under torchrun
+  >>> t = torch.ones(4) * (dist.get_rank() + 1)
+  >>> dist.all_reduce(t)                            # 1 + 2 on 2 ranks
+  >>> t
+  tensor([3., 3., 3., 3.])
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp
+from torch._C._distributed_c10d import Work as _CWork
+
+from . import _core, errors, runtime
+from ._engine import (
+    _check,
+    _engine_all_gather,
+    _engine_broadcast,
+    _engine_reduce_scatter,
+    _exchange,
+    _reduce_inplace,
+)
+
+__all__ = ["BACKEND_NAME", "ProcessGroupRinglet", "Work", "register"]
+
+BACKEND_NAME = "ringlet"
+
+# Sends up to this size are copied and complete at once (as gloo's sends
+# complete once the bytes are in the socket buffer), so two ranks that both
+# send before they receive do not wait for each other.
+_EAGER_SEND_BYTES = 1 << 20
+
+_RED = ReduceOp.RedOpType
+_OPS: dict[Any, str] = {
+    _RED.SUM: "sum",
+    _RED.PRODUCT: "mul",
+    _RED.MIN: "min",
+    _RED.MAX: "max",
+    _RED.BAND: "and",
+    _RED.BOR: "or",
+    _RED.BXOR: "xor",
+    _RED.AVG: "sum",
+    _RED.PREMUL_SUM: "sum",
+}
+
+
+class _DistErrors:
+    """ringlet's typed exceptions, also ``torch.distributed.DistBackendError``
+    (a ``RuntimeError``) so c10d code that catches torch's errors catches ours."""
+
+    _cache: dict[type, type] = {}  # noqa: RUF012
+
+    @classmethod
+    def convert(cls, exc: BaseException) -> BaseException:
+        if not isinstance(exc, errors.RingletError) or isinstance(exc, dist.DistBackendError):
+            return exc
+        kind = type(exc)
+        both = cls._cache.get(kind)
+        if both is None:
+            both = type(kind.__name__, (kind, dist.DistBackendError), {
+                "__module__": "ringlet.errors",
+                "__doc__": kind.__doc__,
+            })
+            cls._cache[kind] = both
+        new = both(*exc.args)
+        new.__cause__ = exc.__cause__
+        return new.with_traceback(exc.__traceback__)
+
+
+class Work(_CWork):
+    """The handle of one asynchronous operation (``async_op=True``), as
+    torch's ``Work``: ``wait()``, ``is_completed()``, ``is_success()``,
+    ``exception()``, ``get_future()``, ``result()``.
+
+    Example:
+      >>> work = dist.all_reduce(t, async_op=True)
+      >>> fut = work.get_future().then(lambda f: f.value()[0] * 2)
+      >>> work.wait()
+      True
+    """
+
+    def __init__(self, queue: Any, result: list[Any], timeout: float, rank: int = -1) -> None:
+        super().__init__()
+        self._queue = queue
+        self._result = result
+        self._timeout = timeout
+        self._ticket = -1
+        self._done = False
+        self._exc: Optional[BaseException] = None
+        self._fut: Optional[torch.futures.Future] = None
+        self._lock = threading.Lock()
+        self._source = rank
+
+    # Runs on the progress thread (or in a waiter that runs queued jobs).
+    def _run(self, fn: Callable[[], Any]) -> Callable[[], None]:
+        def job() -> None:
+            try:
+                fn()
+            except BaseException as e:  # handed to wait() and the future
+                self._finish(_DistErrors.convert(e))
+            else:
+                self._finish(None)
+
+        return job
+
+    def _finish(self, exc: Optional[BaseException]) -> None:
+        with self._lock:
+            self._exc, self._done = exc, True
+            fut = self._fut
+        if fut is not None:
+            self._complete(fut)
+
+    def _complete(self, fut: torch.futures.Future) -> None:
+        if self._exc is not None:
+            fut.set_exception(self._exc)
+        else:
+            fut.set_result(self._result)
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Blocks (GIL released) until the operation finished; raises its error.
+
+        Args:
+          timeout (timedelta, optional): How long to wait; ``timedelta(0)``
+            (the default) waits up to the group's timeout.
+
+        Returns:
+          True.
+        """
+        secs = timeout.total_seconds() if timeout else 0.0
+        limit = secs if secs > 0 else self._timeout
+        if not self._done and not self._queue.wait(self._ticket, limit):
+            raise _DistErrors.convert(errors.CollectiveTimeoutError(
+                f"rank {runtime_rank()}: Work.wait timed out after "
+                f"{limit:g}s; the operation has not finished"
+            ))
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        """Whether the operation has finished (successfully or not)."""
+        return self._done
+
+    def is_success(self) -> bool:
+        """Whether the operation finished without an error."""
+        return self._done and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The error the operation failed with, or None."""
+        return self._exc
+
+    def get_future(self) -> torch.futures.Future:
+        """A ``torch.futures.Future`` completed with the operation's output
+        tensors (a list), or with its error.
+
+        Returns:
+          The future (the same object on every call).
+        """
+        with self._lock:
+            fut = self._fut
+            if fut is None:
+                fut = self._fut = torch.futures.Future()
+                if self._done:
+                    self._complete(fut)
+        return fut
+
+    def result(self) -> list[Any]:
+        """The operation's output tensors (valid once it completed)."""
+        return self._result
+
+    def source_rank(self) -> int:
+        """The rank a receive got its message from."""
+        return self._source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def synchronize(self) -> None:
+        """No-op: CPU operations need no stream synchronisation."""
+
+
+def runtime_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else runtime.get_ordinal()
+
+
+def _store_host(store: Any) -> Optional[str]:
+    """The host of the TCPStore under (possibly nested) prefix stores."""
+    while store is not None:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+    return None
+
+
+def _reduce_name(op: Any, what: str) -> str:
+    kind = getattr(op, "op", op)
+    name = _OPS.get(kind)
+    if name is None:
+        raise ValueError(f"{what}: unsupported reduce op {op!r}")
+    return name
+
+
+_live: weakref.WeakSet[ProcessGroupRinglet] = weakref.WeakSet()
+
+
+class ProcessGroupRinglet(ProcessGroup):
+    """A ``torch.distributed`` process group whose collectives run on
+    ringlet's engine. Created by ``init_process_group("ringlet")`` and
+    ``new_group(..., backend="ringlet")``; not meant to be built by hand.
+
+    Args:
+      store: The group's key-value store (a ``PrefixStore``).
+      rank (int): This process's rank in the group.
+      size (int): Number of ranks in the group.
+      timeout (timedelta): How long an operation may wait for a peer.
+      global_ranks (list of int, optional): Global rank of each group rank
+        (named in errors). Default: ``range(size)``.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        global_ranks: Optional[list[int]] = None,
+    ) -> None:
+        super().__init__(rank, size)
+        self._store = store
+        self._rank = rank
+        self._size = size
+        self._timeout = max(timeout.total_seconds(), 1e-3)
+        self._members = list(global_ranks) if global_ranks else list(range(size))
+        # The k-th group created at this store prefix by this rank; members
+        # create groups in the same order, so k agrees and a store reused
+        # after destroy_process_group() never hands out stale addresses.
+        self._key = f"ringlet/{int(store.add(f'ringlet/incarnation/{rank}', 1))}"
+        self._comm: Any = None
+        self._lock = threading.Lock()
+        self._queue = _core.Progress("ringlet-pg")
+        self._p2p: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._name = ""
+        self._desc = ""
+        self._coalescing: Optional[list[Work]] = None
+        self._barriers = 0
+        self._closed = False
+        _live.add(self)
+
+    # -- identity ------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupRinglet(rank={self._rank}, size={self._size}, name={self._name!r})"
+
+    # -- connections ---------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"rank {self._members[self._rank]}"
+
+    def _addr(self) -> str:
+        master = os.environ.get("MASTER_ADDR") or _store_host(self._store) or "127.0.0.1"
+        return runtime._local_ip(master)
+
+    def _world(self) -> Any:
+        """The group's communicator, connected on first use (on the progress
+        thread, through the group's store, by its members only)."""
+        comm = self._comm
+        if comm is None:
+            with self._lock:
+                if self._closed:
+                    raise errors.CommunicatorAbortedError(
+                        f"{self._where()}: the process group was destroyed"
+                    )
+                if self._comm is None:
+                    if self._size == 1:
+                        self._comm = _core.Communicator.single()
+                    else:
+                        self._comm, _ = runtime._connect(
+                            self._store, self._key, self._rank, self._size, self._addr(),
+                            self._timeout, members=self._members,
+                        )
+                comm = self._comm
+        return comm
+
+    def _channel(self, src: int, dst: int) -> tuple[Any, Any]:
+        """The (queue, communicator slot) of messages from group rank ``src``
+        to ``dst``: one two-rank communicator and one queue per direction."""
+        with self._lock:
+            ch = self._p2p.get((src, dst))
+            if ch is None:
+                if self._closed:
+                    raise errors.CommunicatorAbortedError(
+                        f"{self._where()}: the process group was destroyed"
+                    )
+                ch = (_core.Progress("ringlet-p2p"), [None, None])  # [communicator, error]
+                self._p2p[(src, dst)] = ch
+        return ch
+
+    def _pair(self, src: int, dst: int, slot: list[Any]) -> Any:
+        if slot[0] is None:
+            me = 0 if self._rank == src else 1
+            slot[0], _ = runtime._connect(
+                self._store, f"{self._key}/p2p/{src}-{dst}", me, 2, self._addr(),
+                self._timeout, members=[self._members[src], self._members[dst]],
+            )
+        return slot[0]
+
+    def _submit(
+        self, fn: Callable[[], Any], result: list[Any], queue: Any = None, source: int = -1
+    ) -> Work:
+        q = self._queue if queue is None else queue
+        work = Work(q, result, self._timeout, source)
+        work._ticket = q.submit(work._run(fn))
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    # -- argument checks -----------------------------------------------------
+
+    def _tensor(self, t: Any, what: str) -> torch.Tensor:
+        """``t`` checked for the engine (complex tensors as real views);
+        non-contiguous tensors are accepted and staged through a copy."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"{self._where()}: {what} must be a torch.Tensor, got {type(t).__name__}"
+            )
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        _check(t if t.is_contiguous() else t[:0], what)
+        return t
+
+    def _root(self, root: int, what: str) -> int:
+        if not 0 <= root < self._size:
+            raise ValueError(
+                f"{self._where()}: {what} {root} is out of range for a group of {self._size}"
+            )
+        return root
+
+    @staticmethod
+    def _dense(ts: list[torch.Tensor]) -> tuple[list[torch.Tensor], Callable[[], None]]:
+        """Contiguous stand-ins for ``ts`` and a function that copies results
+        back into the non-contiguous originals."""
+        work = [t if t.is_contiguous() else t.contiguous() for t in ts]
+
+        def back() -> None:
+            for t, w in zip(ts, work):
+                if w is not t:
+                    t.copy_(w)
+
+        return work, back
+
+    def _reduce_args(self, op: Any, ts: list[torch.Tensor], what: str) -> tuple[str, Callable]:
+        """The engine reduce type for a torch ReduceOp, and what to do to each
+        input before (PREMUL_SUM) and after (AVG) the sum."""
+        name = _reduce_name(op, what)
+        kind = getattr(op, "op", op)
+        for t in ts:
+            if name in ("and", "or", "xor") and t.is_floating_point():
+                raise ValueError(
+                    f"{self._where()}: {what}: reduce op {kind.name} needs integer or bool "
+                    f"tensors, got {t.dtype}"
+                )
+            if kind in (_RED.AVG, _RED.PREMUL_SUM) and t.dtype == torch.bool:
+                raise ValueError(f"{self._where()}: {what}: {kind.name} on a bool tensor")
+        size = self._size
+
+        def post(t: torch.Tensor) -> None:
+            if kind == _RED.AVG:
+                if t.is_floating_point():
+                    t.div_(size)
+                else:
+                    t.copy_(torch.div(t, size, rounding_mode="trunc"))
+
+        if kind == _RED.PREMUL_SUM:
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise ValueError(f"{self._where()}: {what}: PREMUL_SUM without a factor")
+            for t in ts:
+                t.mul_(factor)
+        return name, post
+
+    # -- collectives ---------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        ts = [self._tensor(t, f"all_reduce tensors[{i}]") for i, t in enumerate(tensors)]
+
+        def run() -> None:
+            dense, back = self._dense(ts)
+            name, post = self._reduce_args(op, dense, "all_reduce")
+            _reduce_inplace(self._world(), dense, name, 1.0)
+            for t in dense:
+                post(t)
+            back()
+
+        return self._submit(run, list(tensors))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        root = self._root(opts.rootRank if opts is not None else 0, "broadcast root")
+        ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
+
+        def run() -> None:
+            dense, back = self._dense(ts)
+            comm = self._world()
+            for t in dense:
+                _engine_broadcast(comm, t, _check(t, "broadcast tensor"), root)
+            back()
+
+        return self._submit(run, list(tensors))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        root = self._root(opts.rootRank, "reduce root")
+        op = opts.reduceOp
+        ts = [self._tensor(t, f"reduce tensors[{i}]") for i, t in enumerate(tensors)]
+        mine = self._rank == root
+
+        def run() -> None:
+            # Non-roots reduce a copy: their tensors stay as they were.
+            dense, back = self._dense(ts) if mine else ([t.clone() for t in ts], lambda: None)
+            name, post = self._reduce_args(op, dense, "reduce")
+            _reduce_inplace(self._world(), dense, name, 1.0)
+            if mine:
+                for t in dense:
+                    post(t)
+                back()
+
+        return self._submit(run, list(tensors))
+
+    def _gather_into(self, inp: torch.Tensor, outs: list[torch.Tensor], what: str) -> None:
+        """All-gathers ``inp`` into ``outs`` (one tensor per rank)."""
+        comm = self._world()
+        inp = inp.contiguous()
+        n = inp.numel()
+        if all(o.numel() == n for o in outs) and all(o.dtype == inp.dtype for o in outs):
+            flat = torch.empty(self._size * n, dtype=inp.dtype)
+            _engine_all_gather(comm, inp, flat, _check(inp, what))
+            for r, o in enumerate(outs):
+                o.view(-1).copy_(flat[r * n:(r + 1) * n]) if o.is_contiguous() else o.copy_(
+                    flat[r * n:(r + 1) * n].view(o.shape)
+                )
+            return
+        # Ragged: every rank sends its input to every rank.
+        flat = torch.empty(sum(o.numel() for o in outs), dtype=inp.dtype)
+        send = inp.reshape(-1).repeat(self._size)
+        _exchange(comm, send, [n] * self._size, flat, [o.numel() for o in outs])
+        start = 0
+        for o in outs:
+            o.copy_(flat[start:start + o.numel()].view(o.shape))
+            start += o.numel()
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        ins = [self._tensor(t, "all_gather input") for t in input_tensors]
+        outs = [[self._tensor(o, "all_gather output") for o in lst] for lst in output_tensors]
+        for lst in outs:
+            if len(lst) != self._size:
+                raise ValueError(
+                    f"{self._where()}: all_gather needs {self._size} output tensors (one per "
+                    f"rank), got {len(lst)}"
+                )
+
+        def run() -> None:
+            for inp, lst in zip(ins, outs):
+                self._gather_into(inp, lst, "all_gather input")
+
+        return self._submit(run, list(output_tensors))
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        return self.allgather(output_lists, input_list, opts)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
+
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        pairs = []
+        for o, i in zip(outputs, inputs):
+            i, o = self._tensor(i, "all_gather_into_tensor input"), self._tensor(
+                o, "all_gather_into_tensor output")
+            if o.numel() != i.numel() * self._size or o.dtype != i.dtype:
+                raise ValueError(
+                    f"{self._where()}: all_gather_into_tensor: output holds {o.numel()} x "
+                    f"{o.dtype}, expected {self._size} x {i.numel()} x {i.dtype} (group size "
+                    "x input)"
+                )
+            pairs.append((o, i))
+
+        def run() -> None:
+            comm = self._world()
+            for o, i in pairs:
+                dense, back = self._dense([o])
+                src = i.contiguous()
+                _engine_all_gather(comm, src, dense[0], _check(src, "all_gather_into_tensor input"))
+                back()
+
+        return self._submit(run, list(outputs))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    all_gather_single = _allgather_base
+
+    def _scatter_reduce(
+        self, inp: torch.Tensor, out: torch.Tensor, op: Any, what: str,
+        blocks: Optional[list[int]] = None,
+    ) -> None:
+        """Reduce-scatters flat ``inp`` (one block per rank) into ``out``."""
+        comm = self._world()
+        inp = inp.contiguous().clone()  # PREMUL_SUM scales it; the caller's input stays
+        name, post = self._reduce_args(op, [inp], what)
+        if blocks is None or len(set(blocks)) == 1:
+            dense, back = self._dense([out])
+            _engine_reduce_scatter(comm, inp.view(-1), dense[0].view(-1), _check(inp, what), name)
+            post(dense[0])
+            back()
+            return
+        # Ragged blocks: reduce everything, keep this rank's block.
+        _reduce_inplace(comm, [inp], name, 1.0)
+        start = sum(blocks[: self._rank])
+        mine = inp.view(-1)[start:start + blocks[self._rank]].clone()
+        post(mine)
+        out.copy_(mine.view(out.shape))
+
+    def reduce_scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        outs = [self._tensor(o, "reduce_scatter output") for o in output_tensors]
+        ins = [[self._tensor(t, "reduce_scatter input") for t in lst] for lst in input_tensors]
+        for o, lst in zip(outs, ins):
+            if len(lst) != self._size:
+                raise ValueError(
+                    f"{self._where()}: reduce_scatter needs {self._size} input tensors (one "
+                    f"per rank), got {len(lst)}"
+                )
+            if lst[self._rank].numel() != o.numel():
+                raise ValueError(
+                    f"{self._where()}: reduce_scatter output holds {o.numel()} elements but "
+                    f"this rank's input block holds {lst[self._rank].numel()}"
+                )
+
+        def run() -> None:
+            for o, lst in zip(outs, ins):
+                flat = torch.cat([t.reshape(-1) for t in lst])
+                self._scatter_reduce(flat, o, op, "reduce_scatter", [t.numel() for t in lst])
+
+        return self._submit(run, list(output_tensors))
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Work:
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
+
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        pairs = []
+        for o, i in zip(outputs, inputs):
+            i, o = self._tensor(i, "reduce_scatter_tensor input"), self._tensor(
+                o, "reduce_scatter_tensor output")
+            if i.numel() != o.numel() * self._size or o.dtype != i.dtype:
+                raise ValueError(
+                    f"{self._where()}: reduce_scatter_tensor: input holds {i.numel()} x "
+                    f"{i.dtype}, expected {self._size} x {o.numel()} x {o.dtype} (group size x "
+                    "output)"
+                )
+            pairs.append((o, i))
+
+        def run() -> None:
+            for o, i in pairs:
+                self._scatter_reduce(i, o, op, "reduce_scatter_tensor")
+
+        return self._submit(run, list(outputs))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        root = self._root(opts.rootRank, "gather root")
+        inp = self._tensor(input_tensors[0], "gather input")
+        outs: list[torch.Tensor] = []
+        if self._rank == root:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != self._size:
+                raise ValueError(
+                    f"{self._where()}: gather needs a list of {self._size} output tensors on "
+                    "the root"
+                )
+            outs = [self._tensor(o, "gather output") for o in output_tensors[0]]
+        elif output_tensors and any(output_tensors):
+            raise ValueError(f"{self._where()}: gather output tensors are only given on the root")
+
+        def run() -> None:
+            send = inp.contiguous().view(-1)
+            counts = [0] * self._size
+            counts[root] = send.numel()
+            recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
+            flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
+            _exchange(self._world(), send, counts, flat, recv_counts)
+            start = 0
+            for o in outs:
+                o.copy_(flat[start:start + o.numel()].view(o.shape))
+                start += o.numel()
+
+        return self._submit(run, list(output_tensors))
+
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> Work:
+        root = self._root(opts.rootRank, "scatter root")
+        out = self._tensor(output_tensors[0], "scatter output")
+        ins: list[torch.Tensor] = []
+        if self._rank == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
+                raise ValueError(
+                    f"{self._where()}: scatter needs a list of {self._size} input tensors on "
+                    "the root"
+                )
+            ins = [self._tensor(t, "scatter input") for t in input_tensors[0]]
+        elif input_tensors and any(input_tensors):
+            raise ValueError(f"{self._where()}: scatter input tensors are only given on the root")
+
+        def run() -> None:
+            send = (torch.cat([t.reshape(-1) for t in ins]) if ins
+                    else torch.empty(0, dtype=out.dtype))
+            counts = [t.numel() for t in ins] if ins else [0] * self._size
+            recv_counts = [0] * self._size
+            recv_counts[root] = out.numel()
+            dense, back = self._dense([out])
+            _exchange(self._world(), send, counts, dense[0].view(-1), recv_counts)
+            back()
+
+        return self._submit(run, list(output_tensors))
+
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+        input_split_sizes: list[int], opts: Any = None,
+    ) -> Work:
+        inp = self._tensor(input, "all_to_all_single input")
+        out = self._tensor(output, "all_to_all_single output")
+        if inp.dtype != out.dtype:
+            raise ValueError(
+                f"{self._where()}: all_to_all_single input is {inp.dtype} but output is {out.dtype}"
+            )
+
+        def counts(t: torch.Tensor, splits: list[int], what: str) -> list[int]:
+            rows = t.shape[0] if t.dim() else 1
+            row = t.numel() // rows if rows else 0
+            if not splits:
+                if rows % self._size:
+                    raise ValueError(
+                        f"{self._where()}: all_to_all_single {what} has {rows} rows, not "
+                        f"divisible by the group size {self._size}; pass split sizes"
+                    )
+                return [rows // self._size * row] * self._size
+            if len(splits) != self._size or sum(splits) != rows or min(splits) < 0:
+                raise ValueError(
+                    f"{self._where()}: all_to_all_single {what} split sizes {list(splits)} must "
+                    f"be {self._size} non-negative numbers adding up to dim 0 ({rows})"
+                )
+            return [s * row for s in splits]
+
+        send_counts = counts(inp, list(input_split_sizes), "input")
+        recv_counts = counts(out, list(output_split_sizes), "output")
+
+        def run() -> None:
+            dense, back = self._dense([out])
+            _exchange(self._world(), inp.contiguous().view(-1), send_counts,
+                      dense[0].view(-1), recv_counts)
+            back()
+
+        return self._submit(run, [output])
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        ins = [self._tensor(t, "all_to_all input") for t in input_tensors]
+        outs = [self._tensor(t, "all_to_all output") for t in output_tensors]
+        if len(ins) != self._size or len(outs) != self._size:
+            raise ValueError(
+                f"{self._where()}: all_to_all needs {self._size} input and output tensors, got "
+                f"{len(ins)} and {len(outs)}"
+            )
+        dtypes = {t.dtype for t in ins + outs}
+        if len(dtypes) != 1:
+            raise ValueError(
+                f"{self._where()}: all_to_all tensors mix dtypes {sorted(map(str, dtypes))}"
+            )
+
+        def run() -> None:
+            send = torch.cat([t.reshape(-1) for t in ins])
+            flat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
+            _exchange(self._world(), send, [t.numel() for t in ins], flat,
+                      [o.numel() for o in outs])
+            start = 0
+            for o in outs:
+                o.copy_(flat[start:start + o.numel()].view(o.shape))
+                start += o.numel()
+
+        return self._submit(run, list(output_tensors))
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._submit(lambda: self._world().barrier(), [])
+
+    def monitored_barrier(
+        self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False
+    ) -> None:
+        """gloo's ``monitored_barrier``: rank 0 waits for every other rank
+        within ``timeout`` and raises naming the ranks that did not arrive
+        (all of them with ``wait_all_ranks=True``, else the first); the other
+        ranks wait for rank 0's release. Runs through the group's store, so a
+        hung rank cannot stall it."""
+        secs = timeout.total_seconds() if timeout is not None else self._timeout
+        self._barriers += 1
+        key = f"{self._key}/monitored/{self._barriers}"
+        store = self._store
+        if self._rank != 0:
+            store.set(f"{key}/{self._rank}", "1")
+            try:
+                store.wait([f"{key}/release"], timedelta(seconds=secs))
+            except Exception:
+                raise _DistErrors.convert(errors.CollectiveTimeoutError(
+                    f"{self._where()}: monitored_barrier: rank {self._members[0]} did not "
+                    f"release the barrier within {secs:g}s"
+                )) from None
+            return
+        missing = []
+        for r in range(1, self._size):
+            try:
+                store.wait([f"{key}/{r}"], timedelta(seconds=secs if not missing else 0.001))
+            except Exception:
+                missing.append(self._members[r])
+                if not wait_all_ranks:
+                    break
+        if missing:
+            who = ", ".join(str(r) for r in missing)
+            raise _DistErrors.convert(errors.CollectiveTimeoutError(
+                f"{self._where()}: monitored_barrier: Rank{'s' if len(missing) > 1 else ''} "
+                f"{who} failed to pass monitoredBarrier in {int(secs * 1000)} ms"
+            ))
+        store.set(f"{key}/release", "1")
+
+    # -- point-to-point ------------------------------------------------------
+
+    def _peer(self, peer: int, what: str) -> int:
+        if not 0 <= peer < self._size or peer == self._rank:
+            raise ValueError(
+                f"{self._where()}: {what} rank {peer} is not another rank of this group of "
+                f"{self._size}"
+            )
+        return peer
+
+    @staticmethod
+    def _tag(tag: int) -> int:
+        if not 0 <= tag < 2**31:
+            raise ValueError(f"ringlet: message tag must be in [0, 2**31), got {tag}")
+        return tag
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> Work:
+        dst, tag = self._peer(dstRank, "send to"), self._tag(tag)
+        t = self._tensor(tensors[0], "send tensor")
+        queue, slot = self._channel(self._rank, dst)
+        if slot[1] is not None:  # an earlier eager send of this direction failed
+            raise slot[1]
+        eager = t.nbytes <= _EAGER_SEND_BYTES
+        data = t.contiguous().clone() if eager or not t.is_contiguous() else t
+
+        def run() -> None:
+            try:
+                self._pair(self._rank, dst, slot).send(
+                    data.data_ptr(), data.nbytes, _check(data, "send tensor"), 1, tag
+                )
+            except BaseException as e:
+                slot[1] = _DistErrors.convert(e)
+                raise
+
+        work = self._submit(run, list(tensors), queue)
+        if not eager:
+            return work
+        # The copy is ours: the send completes now, as gloo's does once the
+        # bytes are in the socket. A failed delivery is raised by the next
+        # message in this direction.
+        done = Work(queue, list(tensors), self._timeout)
+        done._finish(None)
+        return done
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Work:
+        src, tag = self._peer(srcRank, "receive from"), self._tag(tag)
+        t = self._tensor(tensors[0], "recv tensor")
+        queue, slot = self._channel(src, self._rank)
+
+        def run() -> None:
+            dense, back = self._dense([t])
+            self._pair(src, self._rank, slot).recv(
+                dense[0].data_ptr(), dense[0].nbytes, _check(dense[0], "recv tensor"), 0, tag
+            )
+            back()
+
+        return self._submit(run, list(tensors), queue, source=src)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        raise RuntimeError(
+            f"{self._where()}: ringlet does not receive from any source (recv with src=None); "
+            "name the source rank"
+        )
+
+    # -- coalescing, lifetime ------------------------------------------------
+
+    def _start_coalescing(self, device: Any) -> None:
+        if self._coalescing is not None:
+            raise RuntimeError(f"{self._where()}: coalescing already started on this group")
+        self._coalescing = []
+
+    def _end_coalescing(self, device: Any) -> Work:
+        works, self._coalescing = self._coalescing or [], None
+
+        def run() -> None:
+            for w in works:
+                w.wait()
+
+        return self._submit(run, [])
+
+    def shutdown(self) -> None:
+        """Lets queued operations finish, then closes the group's connections."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            channels = list(self._p2p.values())
+        self._queue.close()
+        for queue, slot in channels:
+            queue.close()
+            if slot[0] is not None:
+                slot[0].close()
+        if self._comm is not None:
+            self._comm.close()
+
+    def abort(self) -> None:
+        """Closes the group's connections at once."""
+        self.shutdown()
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self._timeout = max(timeout.total_seconds(), 1e-3)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._set_default_timeout(timeout)
+
+
+def _create(opts: Any, pg_options: Any = None) -> ProcessGroupRinglet:
+    return ProcessGroupRinglet(
+        opts.store, opts.group_rank, opts.group_size, opts.timeout,
+        list(opts.global_ranks_in_group) or None,
+    )
+
+
+_original_monitored_barrier: Optional[Callable[..., Any]] = None
+
+
+def _monitored_barrier(
+    group: Any = None, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False
+) -> Any:
+    """``torch.distributed.monitored_barrier`` for ringlet groups (torch's own
+    accepts only gloo groups); any other group goes to torch's."""
+    pg = group if group is not None else (
+        dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    )
+    if isinstance(pg, ProcessGroupRinglet):
+        if isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    assert _original_monitored_barrier is not None
+    return _original_monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+def register() -> None:
+    """Registers the backend ``"ringlet"`` with ``torch.distributed`` for CPU
+    tensors (done by ``import ringlet`` and by the package's entry point;
+    calling it again does nothing).
+
+    Example:
+      >>> import ringlet.c10d
+      >>> ringlet.c10d.register()
+      >>> dist.init_process_group("ringlet")      # or "cpu:ringlet,cuda:nccl"
+    """
+    global _original_monitored_barrier
+    if not dist.is_available():
+        return
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    if _original_monitored_barrier is None:
+        _original_monitored_barrier = dist.monitored_barrier
+        dist.monitored_barrier = _monitored_barrier
+        dist.distributed_c10d.monitored_barrier = _monitored_barrier
+
+
+def _close_all() -> None:
+    for pg in list(_live):
+        try:
+            pg.shutdown()
+        except Exception:
+            pass
+
+
+import atexit  # noqa: E402
+
+atexit.register(_close_all)

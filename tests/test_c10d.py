@@ -1,0 +1,341 @@
+"""ringlet as a torch.distributed backend, on real processes: every c10d
+operation on a ringlet group compared with the same call on a gloo group of
+the same ranks in the same run (exact for integers, min/max and bitwise ops;
+float tolerance for sums), asynchronous work and futures, subgroups, errors."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import free_port, launch
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+          torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+def _init(rank: int, world: int, port: int, backend: str = "ringlet") -> None:
+    import ringlet  # noqa: F401  (registers the backend)
+
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=60),
+    )
+
+
+def _data(rank: int, n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g).to(dtype)
+    hi = 4 if dtype in (torch.int8, torch.uint8) else 100
+    return torch.randint(1 if dtype == torch.uint8 else -hi, hi, (n,), generator=g).to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, what: str, exact: bool = False) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, (
+        f"{what}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+    )
+    if exact or not a.is_floating_point():
+        assert torch.equal(a, b), f"{what}: {a} != {b}"
+    else:
+        tol = 5e-2 if a.dtype in (torch.float16, torch.bfloat16) else 1e-5
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=what)
+
+
+def _ops_job(rank: int, world: int, port: int) -> str:
+    _init(rank, world, port)
+    assert dist.get_backend() == "ringlet"
+    gloo = dist.new_group(backend="gloo")
+    R = dist.ReduceOp
+
+    # all_reduce: every op on every dtype, odd sizes and 0; against plain torch
+    # and against gloo where gloo supports the dtype.
+    fold = {R.SUM: lambda a, b: a + b, R.PRODUCT: lambda a, b: a * b,
+            R.MIN: torch.minimum, R.MAX: torch.maximum, R.BAND: lambda a, b: a & b,
+            R.BOR: lambda a, b: a | b, R.BXOR: lambda a, b: a ^ b}
+    for dtype in DTYPES:
+        ops = [R.SUM, R.PRODUCT, R.MIN, R.MAX]
+        if not dtype.is_floating_point:
+            ops += [R.BAND, R.BOR, R.BXOR]
+        for op in ops:
+            if dtype == torch.bool and op in (R.SUM, R.PRODUCT):
+                continue  # torch's bool + and * are not reductions
+            for n in (0, 1, 37, 5000):
+                every = [_data(r, n, dtype, seed=n) for r in range(world)]
+                wide = [x.double() if dtype.is_floating_point else x for x in every]
+                want = wide[0]
+                for x in wide[1:]:
+                    want = fold[op](want, x)
+                a = every[rank].clone()
+                dist.all_reduce(a, op=op)
+                exact = op not in (R.SUM, R.PRODUCT) or not dtype.is_floating_point
+                _same(a, want.to(dtype), f"all_reduce {op} {dtype} n={n}", exact=exact)
+                b = every[rank].clone()
+                try:
+                    dist.all_reduce(b, op=op, group=gloo)
+                except RuntimeError as e:  # gloo lacks some dtypes
+                    assert "Invalid scalar type" in str(e) or "not supported" in str(e), e
+                    continue
+                _same(a, b, f"all_reduce {op} {dtype} n={n} vs gloo", exact=exact)
+
+    # AVG and PREMUL_SUM (gloo has neither): against plain torch.
+    every = [_data(r, 33, torch.float32, seed=5) for r in range(world)]
+    a = every[rank].clone()
+    dist.all_reduce(a, op=R.AVG)
+    _same(a, sum(every) / world, "all_reduce AVG")
+    a = every[rank].clone()
+    dist.all_reduce(a, op=dist._make_nccl_premul_sum(0.5))
+    _same(a, sum(every) * 0.5, "all_reduce PREMUL_SUM")
+    # complex sums as real views
+    c = torch.complex(every[rank], every[rank] * 2)
+    dist.all_reduce(c)
+    _same(torch.view_as_real(c), torch.view_as_real(torch.complex(sum(every), sum(every) * 2)),
+          "complex sum")
+    with pytest.raises(ValueError):
+        dist.all_reduce(torch.complex(a, a), op=R.MAX)
+    # non-contiguous input
+    m = _data(rank, 24, torch.float32, seed=9).view(4, 6)
+    a, b = m.t(), m.clone().t()
+    dist.all_reduce(a)
+    dist.all_reduce(b.contiguous(), group=gloo)
+    ref = b.contiguous().clone()
+    dist.all_reduce(ref, group=gloo)
+    # coalesced
+    ts = [_data(rank, n, torch.float32, seed=n) for n in (3, 0, 17)]
+    ref = [t.clone() for t in ts]
+    dist.all_reduce_coalesced(ts)
+    dist.all_reduce_coalesced(ref, group=gloo)
+    for x, y in zip(ts, ref):
+        _same(x, y, "all_reduce_coalesced")
+    with dist._coalescing_manager(async_ops=True) as cm:
+        ts2 = [_data(rank, 9, torch.float32, seed=3), _data(rank, 4, torch.float32, seed=4)]
+        for t in ts2:
+            dist.all_reduce(t)
+    cm.wait()
+    for i, t in enumerate(ts2):
+        want = sum(_data(r, t.numel(), torch.float32, seed=3 + i) for r in range(world))
+        _same(t, want, "coalescing manager")
+
+    # all_gather (list, ragged list), all_gather_into_tensor, all_gather_object
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16):
+        x = _data(rank, 7, dtype, seed=2)
+        outs = [torch.empty_like(x) for _ in range(world)]
+        refs = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(outs, x)
+        dist.all_gather(refs, x, group=gloo)
+        for o, r in zip(outs, refs):
+            _same(o, r, f"all_gather {dtype}", exact=True)
+        out = torch.empty(world * 7, dtype=dtype)
+        dist.all_gather_into_tensor(out, x)
+        _same(out, torch.cat(refs), f"all_gather_into_tensor {dtype}", exact=True)
+    ragged = [torch.empty(r + 1) for r in range(world)]
+    dist.all_gather(ragged, torch.full((rank + 1,), float(rank)))
+    for r, o in enumerate(ragged):
+        _same(o, torch.full((r + 1,), float(r)), "ragged all_gather", exact=True)
+    objs: list = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+    assert objs == [{"rank": r, "s": "x" * r} for r in range(world)]
+
+    # reduce_scatter, reduce_scatter_tensor
+    for op in (R.SUM, R.MAX, R.AVG):
+        x = _data(rank, 6 * world, torch.float32, seed=7)
+        out = torch.empty(6)
+        dist.reduce_scatter_tensor(out, x, op=op)
+        every = [_data(r, 6 * world, torch.float32, seed=7) for r in range(world)]
+        full = {R.SUM: sum(every), R.MAX: torch.stack(every).amax(0),
+                R.AVG: sum(every) / world}[op]
+        _same(out, full[6 * rank:6 * rank + 6], f"reduce_scatter_tensor {op}")
+        out2 = torch.empty(6)
+        dist.reduce_scatter(out2, list(x.chunk(world)), op=op)
+        _same(out2, out, f"reduce_scatter {op}")
+    x = _data(rank, 5 * world, torch.int32, seed=8)
+    out, ref = torch.empty(5, dtype=torch.int32), torch.empty(5, dtype=torch.int32)
+    dist.reduce_scatter_tensor(out, x)
+    dist.reduce_scatter_tensor(ref, x, group=gloo)
+    _same(out, ref, "reduce_scatter_tensor int32 vs gloo", exact=True)
+
+    # broadcast, broadcast_object_list, reduce, gather, scatter
+    for root in range(world):
+        for dtype in (torch.float32, torch.int8, torch.bool):
+            x = _data(rank, 11, dtype, seed=root)
+            a, b = x.clone(), x.clone()
+            dist.broadcast(a, src=root)
+            dist.broadcast(b, src=root, group=gloo)
+            _same(a, b, f"broadcast root={root} {dtype}", exact=True)
+        objs = [f"from {rank}", {"k": rank}]
+        dist.broadcast_object_list(objs, src=root)
+        assert objs == [f"from {root}", {"k": root}]
+        x = _data(rank, 13, torch.int64, seed=root)
+        a, b = x.clone(), x.clone()
+        dist.reduce(a, dst=root, op=R.SUM)
+        dist.reduce(b, dst=root, op=R.SUM, group=gloo)
+        if rank == root:
+            _same(a, b, "reduce", exact=True)
+        else:
+            _same(a, x, "reduce leaves non-roots' input alone", exact=True)
+        g_out = [torch.empty(4) for _ in range(world)] if rank == root else None
+        dist.gather(torch.full((4,), float(rank)), g_out, dst=root)
+        if rank == root:
+            for r, o in enumerate(g_out):
+                _same(o, torch.full((4,), float(r)), "gather", exact=True)
+        s_out = torch.empty(3, dtype=torch.int64)
+        s_in = [torch.arange(3) + 10 * r for r in range(world)] if rank == root else None
+        dist.scatter(s_out, s_in, src=root)
+        _same(s_out, torch.arange(3) + 10 * rank, "scatter", exact=True)
+        go = [None] * world if rank == root else None
+        dist.gather_object({"r": rank}, go, dst=root)
+        if rank == root:
+            assert go == [{"r": r} for r in range(world)]
+
+    # all_to_all_single (equal and uneven), all_to_all (lists)
+    x = torch.arange(4 * world, dtype=torch.float32) + 100 * rank
+    a, b = torch.empty_like(x), torch.empty_like(x)
+    dist.all_to_all_single(a, x)
+    dist.all_to_all_single(b, x, group=gloo)
+    _same(a, b, "all_to_all_single", exact=True)
+    in_splits = [(rank + j) % 3 + 1 for j in range(world)]
+    out_splits = [(j + rank) % 3 + 1 for j in range(world)]
+    x = torch.arange(sum(in_splits) * 2, dtype=torch.int32).view(-1, 2) + 1000 * rank
+    a = torch.empty(sum(out_splits), 2, dtype=torch.int32)
+    b = torch.empty_like(a)
+    dist.all_to_all_single(a, x, out_splits, in_splits)
+    dist.all_to_all_single(b, x, out_splits, in_splits, group=gloo)
+    _same(a, b, "uneven all_to_all_single", exact=True)
+    ins = [torch.full((j + 1,), float(rank * 10 + j)) for j in range(world)]
+    outs = [torch.empty(rank + 1) for _ in range(world)]
+    dist.all_to_all(outs, ins)
+    for j, o in enumerate(outs):
+        _same(o, torch.full((rank + 1,), float(j * 10 + rank)), "all_to_all", exact=True)
+
+    # point to point: send/recv both ways at once, isend/irecv ring, batch_isend_irecv
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    mine = torch.full((5,), float(rank))
+    got = torch.empty(5)
+    s = dist.isend(mine, nxt)
+    r = dist.irecv(got, prv)
+    s.wait()
+    r.wait()
+    _same(got, torch.full((5,), float(prv)), "isend/irecv ring", exact=True)
+    for peer in range(world):
+        if peer == rank:
+            continue
+        dist.send(torch.full((3,), float(rank)), peer, tag=4)  # both send first: no deadlock
+        buf = torch.empty(3)
+        dist.recv(buf, peer, tag=4)
+        _same(buf, torch.full((3,), float(peer)), "send/recv both ways", exact=True)
+    big = torch.arange(600_000, dtype=torch.float32) + rank  # past the eager size
+    bigr = torch.empty_like(big)
+    ops = [dist.P2POp(dist.isend, big, nxt), dist.P2POp(dist.irecv, bigr, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    _same(bigr, torch.arange(600_000, dtype=torch.float32) + prv, "batch_isend_irecv", exact=True)
+
+    # async work and futures
+    t = torch.ones(8) * (rank + 1)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    chained = fut.then(lambda f: f.value()[0] * 2)
+    seen = []
+    fut.add_done_callback(lambda f: seen.append(f.value()[0].sum().item()))
+    assert work.wait() is True
+    total = world * (world + 1) / 2
+    _same(t, torch.full((8,), total), "async all_reduce", exact=True)
+    _same(chained.wait(), torch.full((8,), 2 * total), "future.then", exact=True)
+    assert work.is_completed() and work.is_success() and work.exception() is None
+    assert fut.done() and seen == [8 * total]
+    works = [dist.all_reduce(torch.full((3,), float(i)), async_op=True) for i in range(50)]
+    for i, w in enumerate(works):
+        w.wait()
+        _same(w.result()[0], torch.full((3,), float(i * world)), "issue order", exact=True)
+
+    dist.barrier()
+    dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
+
+    # subgroups: new_group, new_subgroups, split_group-like layouts
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0])
+    if rank % 2 == 0:
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=evens)
+        _same(t, torch.tensor([float(sum(range(0, world, 2)))]), "new_group", exact=True)
+    sub, _ = dist.new_subgroups(group_size=2)
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=sub)
+    base = rank - rank % 2
+    _same(t, torch.tensor([float(base + base + 1)]), "new_subgroups", exact=True)
+
+    # mismatched sizes: an error on every rank, not corruption or a hang
+    bad = torch.ones(4 + rank)
+    with pytest.raises(RuntimeError) as e:
+        dist.all_reduce(bad)
+    assert "rank" in str(e.value)
+    assert isinstance(e.value, dist.DistBackendError)
+    t = torch.ones(3)
+    dist.all_reduce(t)  # still usable afterwards
+    _same(t, torch.full((3,), float(world)), "usable after mismatch", exact=True)
+    with pytest.raises(RuntimeError, match="any source"):
+        dist.recv(torch.empty(1))
+    dist.destroy_process_group()
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_c10d_operation_matches_gloo(world: int) -> None:
+    out = launch(world, _ops_job, free_port(), init=False, timeout=300)
+    assert out == {r: "ok" for r in range(world)}
+
+
+def _lifecycle_job(rank: int, world: int, port: int) -> list:
+    import ringlet
+
+    seen = []
+    # init_process_group("ringlet") and ringlet.init() side by side.
+    ringlet.init(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port + 1)
+    _init(rank, world, port)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    seen.append(t.tolist())
+    seen.append(ringlet.all_reduce("sum", torch.ones(2)).tolist())
+    dist.destroy_process_group()
+    # init again after destroy, with a mixed backend string.
+    dist.init_process_group(
+        "cpu:ringlet", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    t = torch.ones(2) * 3
+    dist.all_reduce(t)
+    seen.append(t.tolist())
+    dist.destroy_process_group()
+    ringlet.shutdown()
+    shm = [f for f in os.listdir("/dev/shm") if "ringlet" in f]
+    seen.append(shm)
+    return seen
+
+
+def test_init_destroy_init_beside_ringlet_init() -> None:
+    port = free_port()
+    out = launch(2, _lifecycle_job, port, init=False, timeout=120)
+    for r in range(2):
+        assert out[r] == [[2.0, 2.0], [2.0, 2.0], [6.0, 6.0], []]
+
+
+def _dead_peer_job(rank: int, world: int, port: int) -> str:
+    _init(rank, world, port)
+    t = torch.ones(1 << 16)
+    dist.all_reduce(t)
+    if rank == world - 1:
+        os._exit(0)  # dies between collectives
+    with pytest.raises(RuntimeError) as e:
+        dist.all_reduce(t)
+    assert isinstance(e.value, dist.DistBackendError), type(e.value)
+    return str(e.value)
+
+
+def test_dead_peer_fails_the_work_naming_it() -> None:
+    out = launch(3, _dead_peer_job, free_port(), init=False, timeout=120, expect_dead=(2,))
+    for r in (0, 1):
+        assert "rank" in out[r]
