@@ -44,6 +44,7 @@ from ._engine import (
     _engine_broadcast,
     _engine_reduce_scatter,
     _exchange,
+    _overlaps,
     _reduce_inplace,
 )
 
@@ -540,6 +541,8 @@ class ProcessGroupRinglet(ProcessGroup):
             for o, i in pairs:
                 dense, back = self._dense([o])
                 src = i.contiguous()
+                if _overlaps(src, dense[0]):  # in place (FSDP2: input is a slot of output)
+                    src = src.clone()
                 _engine_all_gather(comm, src, dense[0], _check(src, "all_gather_into_tensor input"))
                 back()
 
