@@ -206,6 +206,12 @@ class Work(_CWork):
         """No-op: CPU operations need no stream synchronisation."""
 
 
+def _is_async(opts: Any) -> bool:
+    """Whether the caller returns the Work (``async_op=True``; C++ callers
+    such as functional collectives and DDP leave the option at True)."""
+    return bool(getattr(opts, "asyncOp", True)) if opts is not None else True
+
+
 def runtime_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else runtime.get_ordinal()
 
@@ -348,11 +354,15 @@ class ProcessGroupRinglet(ProcessGroup):
         return slot[0]
 
     def _submit(
-        self, fn: Callable[[], Any], result: list[Any], queue: Any = None, source: int = -1
+        self, fn: Callable[[], Any], result: list[Any], queue: Any = None, source: int = -1,
+        wake: bool = True,
     ) -> Work:
+        """Queues ``fn`` in issue order. ``wake=False`` for synchronous calls
+        (c10d waits at once): the waiting caller runs it without waking the
+        progress thread, unless the thread is busy with earlier operations."""
         q = self._queue if queue is None else queue
         work = Work(q, result, self._timeout, source)
-        work._ticket = q.submit(work._run(fn))
+        work._ticket = q.submit(work._run(fn), wake)
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
@@ -435,7 +445,7 @@ class ProcessGroupRinglet(ProcessGroup):
                 post(t)
             back()
 
-        return self._submit(run, list(tensors))
+        return self._submit(run, list(tensors), wake=_is_async(opts))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         return self.allreduce(tensors, opts)
@@ -451,7 +461,7 @@ class ProcessGroupRinglet(ProcessGroup):
                 _engine_broadcast(comm, t, _check(t, "broadcast tensor"), root)
             back()
 
-        return self._submit(run, list(tensors))
+        return self._submit(run, list(tensors), wake=_is_async(opts))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         root = self._root(opts.rootRank, "reduce root")
@@ -469,7 +479,7 @@ class ProcessGroupRinglet(ProcessGroup):
                     post(t)
                 back()
 
-        return self._submit(run, list(tensors))
+        return self._submit(run, list(tensors), wake=_is_async(opts))
 
     def _gather_into(self, inp: torch.Tensor, outs: list[torch.Tensor], what: str) -> None:
         """All-gathers ``inp`` into ``outs`` (one tensor per rank)."""
@@ -510,7 +520,7 @@ class ProcessGroupRinglet(ProcessGroup):
             for inp, lst in zip(ins, outs):
                 self._gather_into(inp, lst, "all_gather input")
 
-        return self._submit(run, list(output_tensors))
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
@@ -546,7 +556,7 @@ class ProcessGroupRinglet(ProcessGroup):
                 _engine_all_gather(comm, src, dense[0], _check(src, "all_gather_into_tensor input"))
                 back()
 
-        return self._submit(run, list(outputs))
+        return self._submit(run, list(outputs), wake=_is_async(opts))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
     all_gather_single = _allgather_base
@@ -596,7 +606,7 @@ class ProcessGroupRinglet(ProcessGroup):
                 flat = torch.cat([t.reshape(-1) for t in lst])
                 self._scatter_reduce(flat, o, op, "reduce_scatter", [t.numel() for t in lst])
 
-        return self._submit(run, list(output_tensors))
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -623,7 +633,7 @@ class ProcessGroupRinglet(ProcessGroup):
             for o, i in pairs:
                 self._scatter_reduce(i, o, op, "reduce_scatter_tensor")
 
-        return self._submit(run, list(outputs))
+        return self._submit(run, list(outputs), wake=_is_async(opts))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     reduce_scatter_single = _reduce_scatter_base
@@ -657,7 +667,7 @@ class ProcessGroupRinglet(ProcessGroup):
                 o.copy_(flat[start:start + o.numel()].view(o.shape))
                 start += o.numel()
 
-        return self._submit(run, list(output_tensors))
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
     def scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
@@ -686,7 +696,7 @@ class ProcessGroupRinglet(ProcessGroup):
             _exchange(self._world(), send, counts, dense[0].view(-1), recv_counts)
             back()
 
-        return self._submit(run, list(output_tensors))
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
     def alltoall_base(
         self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
@@ -725,7 +735,7 @@ class ProcessGroupRinglet(ProcessGroup):
                       dense[0].view(-1), recv_counts)
             back()
 
-        return self._submit(run, [output])
+        return self._submit(run, [output], wake=_is_async(opts))
 
     all_to_all_single = alltoall_base
 
@@ -756,10 +766,10 @@ class ProcessGroupRinglet(ProcessGroup):
                 o.copy_(flat[start:start + o.numel()].view(o.shape))
                 start += o.numel()
 
-        return self._submit(run, list(output_tensors))
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._submit(lambda: self._world().barrier(), [])
+        return self._submit(lambda: self._world().barrier(), [], wake=_is_async(opts))
 
     def monitored_barrier(
         self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False
@@ -877,7 +887,7 @@ class ProcessGroupRinglet(ProcessGroup):
             for w in works:
                 w.wait()
 
-        return self._submit(run, [])
+        return self._submit(run, [])  # wakes the thread for the queued ones too
 
     def shutdown(self) -> None:
         """Lets queued operations finish, then closes the group's connections."""

@@ -105,8 +105,11 @@ impl Progress {
         })
     }
 
-    /// Queues `job`; returns its ticket.
-    pub fn submit(&self, job: Job) -> Result<u64> {
+    /// Queues `job`; returns its ticket. With `wake` false the thread is not
+    /// woken for it: the caller is about to wait for the ticket and will run
+    /// the job itself unless the thread is already busy with earlier ones (a
+    /// synchronous call then costs no wake-up and no thread switch).
+    pub fn submit(&self, job: Job, wake: bool) -> Result<u64> {
         let mut st = self.shared.lock();
         if st.stop {
             return Err(Error::InvalidArgument(
@@ -116,7 +119,9 @@ impl Progress {
         st.queue.push_back(job);
         let ticket = st.issued;
         st.issued += 1;
-        self.shared.work.notify_one();
+        if wake {
+            self.shared.work.notify_one();
+        }
         Ok(ticket)
     }
 
@@ -198,7 +203,7 @@ mod tests {
         for i in 0..200 {
             let log = Arc::clone(&log);
             tickets.push(
-                p.submit(Box::new(move || log.lock().unwrap().push(i)))
+                p.submit(Box::new(move || log.lock().unwrap().push(i)), i % 3 != 0)
                     .unwrap(),
             );
             if i % 7 == 0 {
@@ -217,10 +222,13 @@ mod tests {
         let count = Arc::new(AtomicUsize::new(0));
         let c1 = Arc::clone(&count);
         let first = p
-            .submit(Box::new(move || {
-                let _ = rx.recv();
-                c1.fetch_add(1, Ordering::SeqCst);
-            }))
+            .submit(
+                Box::new(move || {
+                    let _ = rx.recv();
+                    c1.fetch_add(1, Ordering::SeqCst);
+                }),
+                true,
+            )
             .unwrap();
         // Make sure the thread (not this waiter) holds the first job.
         while p.shared.lock().queue.len() == 1 && !p.shared.lock().running {
@@ -228,24 +236,27 @@ mod tests {
         }
         let c2 = Arc::clone(&count);
         let second = p
-            .submit(Box::new(move || {
-                c2.fetch_add(1, Ordering::SeqCst);
-            }))
+            .submit(
+                Box::new(move || {
+                    c2.fetch_add(1, Ordering::SeqCst);
+                }),
+                true,
+            )
             .unwrap();
         assert!(!p.wait(second, Some(Duration::from_millis(20))));
         assert!(!p.is_done(first));
         tx.send(()).unwrap();
         p.close();
         assert_eq!(count.load(Ordering::SeqCst), 2);
-        assert!(p.submit(Box::new(|| {})).is_err());
+        assert!(p.submit(Box::new(|| {}), true).is_err());
     }
 
     #[test]
     fn a_panicking_job_counts_as_run() {
         let p = Progress::new("test-progress").unwrap();
-        let t = p.submit(Box::new(|| panic!("boom"))).unwrap();
+        let t = p.submit(Box::new(|| panic!("boom")), true).unwrap();
         assert!(p.wait(t, Some(Duration::from_secs(5))));
-        let t2 = p.submit(Box::new(|| {})).unwrap();
+        let t2 = p.submit(Box::new(|| {}), false).unwrap();
         assert!(p.wait(t2, Some(Duration::from_secs(5))));
     }
 }

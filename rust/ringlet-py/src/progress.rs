@@ -37,8 +37,11 @@ impl Progress {
     }
 
     /// Queues `job` (a callable taking no arguments; its exceptions are
-    /// printed and otherwise ignored: jobs report their own outcome).
-    fn submit(&self, py: Python<'_>, job: PyObject) -> PyResult<u64> {
+    /// printed and otherwise ignored: jobs report their own outcome). With
+    /// `wake=False` the caller promises to wait for it at once (and will
+    /// usually run it itself).
+    #[pyo3(signature = (job, wake=true))]
+    fn submit(&self, py: Python<'_>, job: PyObject, wake: bool) -> PyResult<u64> {
         let boxed: core::progress::Job = Box::new(move || {
             Python::with_gil(|py| {
                 if let Err(e) = job.call0(py) {
@@ -48,7 +51,7 @@ impl Progress {
             })
         });
         let queue = self.get().map_err(crate::errors::to_pyerr)?;
-        run(py, move || queue.submit(boxed))
+        run(py, move || queue.submit(boxed, wake))
     }
 
     /// Whether the job of `ticket` has run.

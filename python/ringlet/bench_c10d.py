@@ -1,0 +1,213 @@
+"""The torch.distributed API on a ringlet group against a gloo group of the same
+ranks, in the same processes, alternating blocks of back-to-back calls: the
+collective table (latency, algbw, busbw by nccl-tests definitions) and training
+steps of torch DDP and FSDP2 on a model where communication matters.
+
+Example:
+  torchrun --nproc_per_node 2 -m ringlet.bench_c10d
+  torchrun --nproc_per_node 4 -m ringlet.bench_c10d --what ops --budget 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+import ringlet  # noqa: F401  (registers the backend)
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+       "broadcast"]
+
+
+def _fmt(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def _bus(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    return 1.0 if op == "broadcast" else (n - 1) / n
+
+
+def _block(fn: Callable[[], Any], reps: int, group: Any) -> float:
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def _calls(op: str, size: int, n: int, group: Any) -> Callable[[], Any]:
+    k = max(n, size // 4 // n * n)  # float32 elements, a multiple of n
+    if op == "all_reduce":
+        x = torch.ones(k)
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "all_gather_into_tensor":
+        x, out = torch.ones(k // n), torch.empty(k)
+        return lambda: dist.all_gather_into_tensor(out, x, group=group)
+    if op == "reduce_scatter_tensor":
+        x, out = torch.ones(k), torch.empty(k // n)
+        return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+    if op == "all_to_all_single":
+        x, out = torch.ones(k), torch.empty(k)
+        return lambda: dist.all_to_all_single(out, x, group=group)
+    if op == "broadcast":
+        x = torch.ones(k)
+        return lambda: dist.broadcast(x, group_src=0, group=group)
+    raise SystemExit(f"unknown op {op!r}; one of {', '.join(OPS)}")
+
+
+def collectives(ops: list[str], sizes: list[int], budget: float, gloo: Any) -> list[dict]:
+    """Times each op and size on the ringlet (default) group and on ``gloo``."""
+    n = dist.get_world_size()
+    rows = []
+    for op in ops:
+        for size in sizes:
+            ours, theirs = _calls(op, size, n, None), _calls(op, size, n, gloo)
+            ours()
+            theirs()
+            iters = max(5, min(2000, int(budget * 4e8 / size)))
+            reps = max(1, iters // 10)
+            a, b = [], []
+            for _ in range(max(5, iters // reps)):
+                a.append(_block(ours, reps, None))
+                b.append(_block(theirs, reps, gloo))
+            ta, tb = statistics.median(a), statistics.median(b)
+            f = _bus(op, n)
+            rows.append({"op": op, "bytes": size, "ours": ta * 1e6, "gloo": tb * 1e6,
+                         "algbw": size / ta / 1e9, "busbw": size / ta * f / 1e9,
+                         "gloo_busbw": size / tb * f / 1e9})
+    return rows
+
+
+def overhead(reps: int = 2000) -> dict[str, float]:
+    """4 KiB all_reduce: the engine call alone on the group's own communicator
+    vs ``dist.all_reduce`` through the backend, alternating blocks (µs)."""
+    pg = dist.distributed_c10d._get_default_group()
+    x = torch.ones(1024)
+    dist.all_reduce(x)
+    comm = pg._world()
+    ptr, nbytes = x.data_ptr(), x.nbytes
+    eng, api = [], []
+    for _ in range(20):
+        eng.append(_block(lambda: comm.all_reduce(ptr, nbytes, "float32", "sum"), reps // 20, None))
+        api.append(_block(lambda: dist.all_reduce(x), reps // 20, None))
+    e, a = statistics.median(eng), statistics.median(api)
+    return {"engine_us": e * 1e6, "backend_us": a * 1e6, "added_us": (a - e) * 1e6}
+
+
+def _model(width: int, depth: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def training(steps: int, width: int, depth: int, batch: int, gloo: Any) -> list[dict]:
+    """Median step time of torch DDP and FSDP2 on ringlet vs gloo."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    n = dist.get_world_size()
+    x = torch.randn(batch, width)
+
+    def ddp(group: Any) -> Callable[[], None]:
+        m = DDP(_model(width, depth), process_group=group)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+        def step() -> None:
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+
+        return step
+
+    def fsdp(mesh: Any) -> Callable[[], None]:
+        m = _model(width, depth)
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+        def step() -> None:
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+
+        return step
+
+    params = sum(p.numel() for p in _model(width, depth).parameters())
+    rows = []
+    for name, ours, theirs in [
+        ("torch DDP", ddp(None), ddp(gloo)),
+        ("FSDP2 fully_shard", fsdp(init_device_mesh("cpu", (n,))),
+         fsdp(DeviceMesh.from_group(gloo, "cpu"))),
+    ]:
+        ours()
+        theirs()
+        a, b = [], []
+        for _ in range(steps):
+            a.append(_block(ours, 1, None))
+            b.append(_block(theirs, 1, gloo))
+        ta, tb = statistics.median(a), statistics.median(b)
+        rows.append({"what": name, "params": params, "ours_ms": ta * 1e3, "gloo_ms": tb * 1e3})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--what", default="ops,overhead,train",
+                   help="comma list of ops, overhead, train")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
+    p.add_argument("--budget", type=float, default=1.0, help="rough seconds per size")
+    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--batch", type=int, default=8)
+    args = p.parse_args()
+    dist.init_process_group("ringlet")
+    gloo = dist.new_group(backend="gloo")
+    n, me = dist.get_world_size(), dist.get_rank()
+    what = args.what.split(",")
+    if "ops" in what:
+        rows = collectives(args.ops.split(","), [int(s) for s in args.sizes.split(",")],
+                           args.budget, gloo)
+        if me == 0:
+            print(f"\ntorch.distributed API, world size {n}: ringlet group vs gloo group\n")
+            print("| op | size | ringlet µs | gloo µs | ringlet algbw GB/s | ringlet busbw GB/s "
+                  "| gloo busbw GB/s | busbw ringlet/gloo |")
+            print("|---|---|---:|---:|---:|---:|---:|---:|")
+            for r in rows:
+                print(f"| {r['op']} | {_fmt(r['bytes'])} | {r['ours']:.1f} | {r['gloo']:.1f} | "
+                      f"{r['algbw']:.2f} | {r['busbw']:.2f} | {r['gloo_busbw']:.2f} | "
+                      f"{r['gloo'] / r['ours']:.1f}x |")
+    if "overhead" in what:
+        o = overhead()
+        if me == 0:
+            print(f"\n4 KiB all_reduce, world size {n}: engine call {o['engine_us']:.2f} µs, "
+                  f"dist.all_reduce on ringlet {o['backend_us']:.2f} µs, "
+                  f"added by the backend {o['added_us']:.2f} µs")
+    if "train" in what:
+        rows = training(args.steps, args.width, args.depth, args.batch, gloo)
+        if me == 0:
+            print(f"\ntraining step, world size {n}, batch {args.batch} per rank\n")
+            print("| wrapper | parameters | ringlet ms | gloo ms | speed-up |")
+            print("|---|---:|---:|---:|---:|")
+            for r in rows:
+                print(f"| {r['what']} | {r['params'] / 1e6:.1f} M | {r['ours_ms']:.1f} | "
+                      f"{r['gloo_ms']:.1f} | {r['gloo_ms'] / r['ours_ms']:.2f}x |")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
