@@ -39,6 +39,7 @@ from torch._C._distributed_c10d import Work as _CWork
 
 from . import _core, errors, runtime
 from ._engine import (
+    _DTYPE_NAMES,
     _check,
     _engine_all_gather,
     _engine_broadcast,
@@ -69,6 +70,10 @@ _OPS: dict[Any, str] = {
     _RED.AVG: "sum",
     _RED.PREMUL_SUM: "sum",
 }
+
+
+# Reduce ops the engine runs as they are (AVG and PREMUL_SUM need a step more).
+_SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)}
 
 
 class _DistErrors:
@@ -204,6 +209,9 @@ class Work(_CWork):
 
     def synchronize(self) -> None:
         """No-op: CPU operations need no stream synchronisation."""
+
+
+_DONE: Work  # a finished Work returned by synchronous calls (set below)
 
 
 def _is_async(opts: Any) -> bool:
@@ -361,6 +369,13 @@ class ProcessGroupRinglet(ProcessGroup):
         (c10d waits at once): the waiting caller runs it without waking the
         progress thread, unless the thread is busy with earlier operations."""
         q = self._queue if queue is None else queue
+        if not wake:
+            # Synchronous and nothing queued: run it here, in queue order.
+            try:
+                if q.run_now(fn):
+                    return _DONE
+            except BaseException as e:
+                raise _DistErrors.convert(e) from None
         work = Work(q, result, self._timeout, source)
         work._ticket = q.submit(work._run(fn), wake)
         if self._coalescing is not None:
@@ -435,6 +450,18 @@ class ProcessGroupRinglet(ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        if len(tensors) == 1:  # the common case, with the fewest steps
+            t = tensors[0]
+            name = _DTYPE_NAMES.get(t.dtype)
+            red = _SIMPLE.get(op.op if isinstance(op, ReduceOp) else op)
+            if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
+                    and t.layout == torch.strided
+                    and (red in ("sum", "mul", "min", "max") or not t.is_floating_point())):
+                # c10d groups never take the two-level path: one engine call.
+                return self._submit(
+                    lambda: self._world().all_reduce(t.data_ptr(), t.nbytes, name, red), [t],
+                    wake=_is_async(opts),
+                )
         ts = [self._tensor(t, f"all_reduce tensors[{i}]") for i, t in enumerate(tensors)]
 
         def run() -> None:
@@ -913,6 +940,10 @@ class ProcessGroupRinglet(ProcessGroup):
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._set_default_timeout(timeout)
+
+
+_DONE = Work(None, [], 0.0)
+_DONE._finish(None)
 
 
 def _create(opts: Any, pg_options: Any = None) -> ProcessGroupRinglet:

@@ -125,6 +125,33 @@ impl Progress {
         Ok(ticket)
     }
 
+    /// Runs `f` on the calling thread at once, in queue order, when the
+    /// queue is idle (nothing queued or running); returns None, without
+    /// running it, otherwise. Jobs submitted meanwhile wait behind it.
+    pub fn run_now<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        {
+            let mut st = self.shared.lock();
+            if st.running || !st.queue.is_empty() || st.stop {
+                return None;
+            }
+            st.running = true;
+            st.issued += 1;
+        }
+        let out = catch_unwind(AssertUnwindSafe(f));
+        let mut st = self.shared.lock();
+        st.running = false;
+        st.finished += 1;
+        self.shared.done.notify_all();
+        if !st.queue.is_empty() {
+            self.shared.work.notify_one();
+        }
+        drop(st);
+        match out {
+            Ok(v) => Some(v),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
     /// Whether the job of `ticket` has run.
     pub fn is_done(&self, ticket: u64) -> bool {
         self.shared.lock().finished > ticket
@@ -249,6 +276,26 @@ mod tests {
         p.close();
         assert_eq!(count.load(Ordering::SeqCst), 2);
         assert!(p.submit(Box::new(|| {}), true).is_err());
+    }
+
+    #[test]
+    fn run_now_only_when_idle() {
+        let p = Progress::new("test-progress").unwrap();
+        assert_eq!(p.run_now(|| 5), Some(5));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = p
+            .submit(
+                Box::new(move || {
+                    let _ = rx.recv();
+                }),
+                true,
+            )
+            .unwrap();
+        assert_eq!(p.run_now(|| 6), None);
+        tx.send(()).unwrap();
+        assert!(p.wait(t, Some(Duration::from_secs(5))));
+        assert_eq!(p.run_now(|| 7), Some(7));
+        assert_eq!(p.pending(), 0);
     }
 
     #[test]

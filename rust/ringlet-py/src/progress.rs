@@ -54,6 +54,19 @@ impl Progress {
         run(py, move || queue.submit(boxed, wake))
     }
 
+    /// Calls `job` on this thread at once (GIL held; the job releases it
+    /// around engine calls) when the queue is idle, keeping queue order:
+    /// returns True, or raises what `job` raised. Returns False without
+    /// calling it when earlier jobs are queued or running.
+    fn run_now(&self, py: Python<'_>, job: PyObject) -> PyResult<bool> {
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        match queue.run_now(|| job.call0(py)) {
+            None => Ok(false),
+            Some(Ok(_)) => Ok(true),
+            Some(Err(e)) => Err(e),
+        }
+    }
+
     /// Whether the job of `ticket` has run.
     fn is_done(&self, ticket: u64) -> PyResult<bool> {
         let queue = self.get().map_err(crate::errors::to_pyerr)?;
