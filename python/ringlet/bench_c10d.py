@@ -86,7 +86,7 @@ def collectives(ops: list[str], sizes: list[int], budget: float, gloo: Any) -> l
     return rows
 
 
-def overhead(reps: int = 2000) -> dict[str, float]:
+def overhead(reps: int = 10000) -> dict[str, float]:
     """4 KiB all_reduce: the engine call alone on the group's own communicator
     vs ``dist.all_reduce`` through the backend, alternating blocks (µs)."""
     pg = dist.distributed_c10d._get_default_group()
@@ -95,9 +95,9 @@ def overhead(reps: int = 2000) -> dict[str, float]:
     comm = pg._world()
     ptr, nbytes = x.data_ptr(), x.nbytes
     eng, api = [], []
-    for _ in range(20):
-        eng.append(_block(lambda: comm.all_reduce(ptr, nbytes, "float32", "sum"), reps // 20, None))
-        api.append(_block(lambda: dist.all_reduce(x), reps // 20, None))
+    for _ in range(50):
+        eng.append(_block(lambda: comm.all_reduce(ptr, nbytes, "float32", "sum"), reps // 50, None))
+        api.append(_block(lambda: dist.all_reduce(x), reps // 50, None))
     e, a = statistics.median(eng), statistics.median(api)
     return {"engine_us": e * 1e6, "backend_us": a * 1e6, "added_us": (a - e) * 1e6}
 
@@ -173,7 +173,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=7)
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", type=int, default=4)
     args = p.parse_args()
     dist.init_process_group("ringlet")
     gloo = dist.new_group(backend="gloo")

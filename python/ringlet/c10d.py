@@ -594,7 +594,9 @@ class ProcessGroupRinglet(ProcessGroup):
     ) -> None:
         """Reduce-scatters flat ``inp`` (one block per rank) into ``out``."""
         comm = self._world()
-        inp = inp.contiguous().clone()  # PREMUL_SUM scales it; the caller's input stays
+        inp = inp.contiguous()
+        if getattr(op, "op", op) == _RED.PREMUL_SUM or _overlaps(inp, out):
+            inp = inp.clone()  # scaled, or written over: the caller's input stays
         name, post = self._reduce_args(op, [inp], what)
         if blocks is None or len(set(blocks)) == 1:
             dense, back = self._dense([out])
@@ -609,7 +611,7 @@ class ProcessGroupRinglet(ProcessGroup):
         post(mine)
         out.copy_(mine.view(out.shape))
 
-    def reduce_scatter(
+    def reduce_scatter(  # the list form: inputs are concatenated into a fresh buffer
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
     ) -> Work:
