@@ -21,8 +21,8 @@ so ranks sharing a few cores do not oversubscribe them:
 - ``local step only``: ``step()`` with no communication (the floor).
 
 Example:
-  torchrun --nproc_per_node 2 -m ringlet.bench_optimizer
-  torchrun --nproc_per_node 4 -m ringlet.bench_optimizer --layers 200 --samples 30
+  torchrun --nproc_per_node 2 -m ringlet.bench optimizer
+  torchrun --nproc_per_node 4 -m ringlet.bench optimizer --layers 200 --samples 30
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def table(rows: list[dict[str, object]], layers: int, width: int, n: int, transp
 
 
 def main() -> None:
-    """Entry point of ``python -m ringlet.bench_optimizer`` (under torchrun)."""
+    """Entry point of ``python -m ringlet.bench optimizer`` (under torchrun)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--layers", type=int, default=200, help="Linear(width, width) layers")
     p.add_argument("--width", type=int, default=64)

@@ -16,7 +16,7 @@ size (10^9 bytes per GB) over the median time. Both loads read files that the
 preceding save has just written, so they usually come from the page cache.
 
 Run:
-    torchrun --nproc_per_node 2 -m ringlet.checkpoint.bench --size-mb 1024
+    torchrun --nproc_per_node 2 -m ringlet.bench checkpoint --size-mb 1024
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import torch
 
 import ringlet
 
-from .mapping import ShardedTensor
-from .serialization import load, save
+from ..checkpoint.mapping import ShardedTensor
+from ..checkpoint.serialization import load, save
 
 ROW = 1024  # float32 elements per row: 4 KiB
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         None
 
     Example:
-        >>> # torchrun --nproc_per_node 2 -m ringlet.checkpoint.bench --size-mb 16
+        >>> # torchrun --nproc_per_node 2 -m ringlet.bench checkpoint --size-mb 16
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=256.0,

@@ -4,8 +4,8 @@ collective table (latency, algbw, busbw by nccl-tests definitions) and training
 steps of torch DDP and FSDP2 on a model where communication matters.
 
 Example:
-  torchrun --nproc_per_node 2 -m ringlet.bench_c10d
-  torchrun --nproc_per_node 4 -m ringlet.bench_c10d --what ops --budget 1
+  torchrun --nproc_per_node 2 -m ringlet.bench c10d
+  torchrun --nproc_per_node 4 -m ringlet.bench c10d --what ops --budget 1
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ import torch
 import torch.distributed as dist
 
 import ringlet  # noqa: F401  (registers the backend)
+
+# torch 2.13 renamed these (the old names warn on every call).
+_AG = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_RS = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
@@ -50,10 +54,10 @@ def _calls(op: str, size: int, n: int, group: Any) -> Callable[[], Any]:
         return lambda: dist.all_reduce(x, group=group)
     if op == "all_gather_into_tensor":
         x, out = torch.ones(k // n), torch.empty(k)
-        return lambda: dist.all_gather_into_tensor(out, x, group=group)
+        return lambda: _AG(out, x, group=group)
     if op == "reduce_scatter_tensor":
         x, out = torch.ones(k), torch.empty(k // n)
-        return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+        return lambda: _RS(out, x, group=group)
     if op == "all_to_all_single":
         x, out = torch.ones(k), torch.empty(k)
         return lambda: dist.all_to_all_single(out, x, group=group)

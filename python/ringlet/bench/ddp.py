@@ -7,8 +7,8 @@ prints the median step time of each (forward, backward with gradient
 averaging, optimizer step) as a markdown table.
 
 Example:
-  torchrun --nproc_per_node 2 -m ringlet.bench_ddp
-  torchrun --nproc_per_node 2 -m ringlet.bench_ddp --hidden 2048 --rounds 20
+  torchrun --nproc_per_node 2 -m ringlet.bench ddp
+  torchrun --nproc_per_node 2 -m ringlet.bench ddp --hidden 2048 --rounds 20
 """
 
 from __future__ import annotations

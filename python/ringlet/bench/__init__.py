@@ -1,0 +1,23 @@
+"""ringlet's benchmarks, one entry point: ``python -m ringlet.bench <what>``.
+
+Each compares ringlet with the tool a user would otherwise pick, side by side
+in the same processes, alternating, and prints Markdown tables of medians:
+
+* ``collectives``: ringlet's collectives vs gloo, or Open MPI with
+  ``--against mpi`` (under ``mpirun``; needs the ``bench`` extra's mpi4py);
+* ``c10d``: the torch.distributed API on a ringlet group vs a gloo group, and
+  torch DDP / FSDP2 training steps;
+* ``ddp``: ringlet's DistributedDataParallel vs torch DDP;
+* ``optimizer``: ``optimizer_step`` with many small gradients;
+* ``checkpoint``: sharded checkpoint save/load vs torch.save/torch.load;
+* ``rpc``: ringlet.rpc vs torch.distributed.rpc.
+
+``--plot FILE`` (where a benchmark offers it) draws the table as a PNG.
+
+Example:
+  torchrun --nproc_per_node 2 -m ringlet.bench collectives --budget 2
+  mpirun -np 2 python -m ringlet.bench collectives --against mpi
+  torchrun --nproc_per_node 2 -m ringlet.bench c10d
+"""
+
+WHAT = ("collectives", "c10d", "ddp", "optimizer", "checkpoint", "rpc")

@@ -1,0 +1,251 @@
+"""ringlet's collectives side by side with gloo (torch.distributed) or Open MPI
+(mpi4py), in the same processes, alternating.
+
+For every op and size rank 0 prints the median over samples of back-to-back
+blocks (as nccl-tests times them: latency, algbw = bytes / time, busbw =
+algbw * 2(n-1)/n for all_reduce, * (n-1)/n for all_gather and reduce_scatter,
+* 1 for broadcast; bytes = the larger of input and output) and, up to 64 KiB,
+the median of single calls each made right after a barrier (as the OSU
+benchmarks time latency).
+
+Example:
+  torchrun --nproc_per_node 2 -m ringlet.bench collectives --budget 2
+  torchrun --nproc_per_node 2 -m ringlet.bench collectives --ops all_reduce --plot busbw.png
+  mpirun -np 2 python -m ringlet.bench collectives --against mpi
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+import ringlet
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+_LATENCY_MAX = 64 << 10
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def _iters(size: int, budget: float) -> int:
+    return max(5, min(1000, int(budget * 4e8 / max(size, 1))))
+
+
+def _bus_factor(op: str, n: int) -> float:
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    return 1.0 if op == "broadcast" else (n - 1) / n
+
+
+class _Gloo:
+    """torch.distributed's gloo backend."""
+
+    name = "gloo"
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        dist.init_process_group("gloo")
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def call(self, op: str, x: torch.Tensor, out: torch.Tensor) -> Callable[[], Any]:
+        d, n = self.dist, ringlet.world_size()
+        if op == "all_reduce":
+            return lambda: d.all_reduce(x)
+        if op == "all_gather":
+            return lambda: getattr(d, "all_gather_single", d.all_gather_into_tensor)(out, x)
+        if op == "reduce_scatter":
+            return lambda: getattr(d, "reduce_scatter_single", d.reduce_scatter_tensor)(out, x)
+        assert n > 0
+        return lambda: d.broadcast(x, 0)
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+class _Mpi:
+    """Open MPI through mpi4py (the ``bench`` extra)."""
+
+    name = "Open MPI"
+
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.mpi, self.comm = MPI, MPI.COMM_WORLD
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def call(self, op: str, x: torch.Tensor, out: torch.Tensor) -> Callable[[], Any]:
+        c, m = self.comm, self.mpi
+        a, b = x.numpy(), out.numpy()
+        if op == "all_reduce":
+            return lambda: c.Allreduce(m.IN_PLACE, a, op=m.SUM)
+        if op == "all_gather":
+            return lambda: c.Allgather(a, b)
+        if op == "reduce_scatter":
+            return lambda: c.Reduce_scatter_block(a, b, op=m.SUM)
+        return lambda: c.Bcast(a, root=0)
+
+    def close(self) -> None:
+        pass
+
+
+def _ours(op: str, x: torch.Tensor, out: torch.Tensor) -> Callable[[], Any]:
+    n = ringlet.world_size()
+    if op == "all_reduce":
+        return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [x])
+    if op == "all_gather":
+        return lambda: ringlet.all_gather(x, output=out)
+    if op == "reduce_scatter":
+        return lambda: ringlet.reduce_scatter(ringlet.REDUCE_SUM, x, 1.0, 0, n, output=out)
+    return lambda: ringlet.collective_broadcast([x], root_ordinal=0)
+
+
+def _buffers(op: str, size: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    k = max(n, size // 4 // n * n)  # float32 elements, a multiple of n
+    if op == "all_gather":
+        return torch.ones(k // n), torch.empty(k)
+    if op == "reduce_scatter":
+        return torch.ones(k), torch.empty(k // n)
+    return torch.ones(k), torch.empty(0)
+
+
+def _block(fn: Callable[[], Any], reps: int, barrier: Callable[[], None]) -> float:
+    """Seconds per call over a block of ``reps`` back-to-back calls."""
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def _single(fn: Callable[[], Any], barrier: Callable[[], None]) -> float:
+    """Seconds of one call made right after a barrier."""
+    barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run(ops: list[str], sizes: list[int], budget: float, peer: Any) -> list[dict[str, Any]]:
+    """Times every op at every size for ringlet and ``peer``; returns rows."""
+    n = ringlet.world_size()
+    rows = []
+    for op in ops:
+        if op not in OPS:
+            raise SystemExit(f"unknown op {op!r}: one of {', '.join(OPS)}")
+        for size in sizes:
+            x, out = _buffers(op, size, n)
+            y, out2 = x.clone(), out.clone()
+            ours, theirs = _ours(op, x, out), peer.call(op, y, out2)
+            ours()
+            theirs()  # warm-up (page faults, connections)
+            iters = _iters(size, budget)
+            reps = max(1, iters // 10)
+            a, b = [], []
+            for _ in range(max(5, iters // reps)):
+                a.append(_block(ours, reps, ringlet.barrier))
+                b.append(_block(theirs, reps, peer.barrier))
+            la, lb = [], []
+            if size <= _LATENCY_MAX:
+                for _ in range(max(20, min(200, iters))):
+                    la.append(_single(ours, ringlet.barrier))
+                    lb.append(_single(theirs, peer.barrier))
+            ta, tb = statistics.median(a), statistics.median(b)
+            f = _bus_factor(op, n)
+            rows.append({
+                "op": op, "bytes": size, "ringlet_us": ta * 1e6, "peer_us": tb * 1e6,
+                "ringlet_lat_us": statistics.median(la) * 1e6 if la else None,
+                "peer_lat_us": statistics.median(lb) * 1e6 if lb else None,
+                "ringlet_algbw": size / ta / 1e9, "ringlet_busbw": size / ta * f / 1e9,
+                "peer_busbw": size / tb * f / 1e9,
+            })
+    return rows
+
+
+def table(rows: list[dict[str, Any]], n: int, transport: str, peer: str) -> str:
+    """Renders the rows as a Markdown table."""
+    lines = [
+        f"world size {n}, ringlet transport {transport}, against {peer}",
+        "",
+        f"| op | size | ringlet µs | {peer} µs | ringlet µs after barrier | {peer} µs after "
+        f"barrier | ringlet algbw GB/s | ringlet busbw GB/s | {peer} busbw GB/s | busbw "
+        f"ringlet/{peer} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lat = (f"{r['ringlet_lat_us']:.1f} | {r['peer_lat_us']:.1f}"
+               if r["ringlet_lat_us"] is not None else "- | -")
+        lines.append(
+            f"| {r['op']} | {_fmt_size(int(r['bytes']))} | {r['ringlet_us']:.1f} | "
+            f"{r['peer_us']:.1f} | {lat} | {r['ringlet_algbw']:.2f} | "
+            f"{r['ringlet_busbw']:.2f} | {r['peer_busbw']:.2f} | "
+            f"{r['ringlet_busbw'] / r['peer_busbw']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: str, peer: str) -> None:
+    """Writes a PNG of busbw against message size (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for op in sorted({str(r["op"]) for r in rows}):
+        mine = [r for r in rows if r["op"] == op]
+        xs = [r["bytes"] for r in mine]
+        ax.plot(xs, [r["ringlet_busbw"] for r in mine], marker="o", label=f"ringlet {op}")
+        ax.plot(xs, [r["peer_busbw"] for r in mine], marker="x", ls="--", label=f"{peer} {op}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    """Entry point of ``python -m ringlet.bench collectives``."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ops", default="all_reduce,all_gather")
+    p.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes, comma list")
+    p.add_argument("--budget", type=float, default=1.0, help="scales the iteration counts")
+    p.add_argument("--against", default="gloo", choices=["gloo", "mpi"])
+    p.add_argument("--plot", default=None, help="write a PNG of busbw vs size here")
+    args = p.parse_args()
+    if args.against == "mpi":
+        peer: Any = _Mpi()
+        ringlet.init(
+            rank=peer.comm.Get_rank(), world_size=peer.comm.Get_size(),
+            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(os.environ.get("MASTER_PORT", "29555")),
+        )
+    else:
+        ringlet.init()
+        peer = _Gloo()
+    rows = run(args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.budget, peer)
+    if ringlet.get_ordinal() == 0:
+        print(table(rows, ringlet.world_size(), ringlet.transport(), peer.name), flush=True)
+        if args.plot:
+            plot(rows, args.plot, peer.name)
+    peer.close()
+    ringlet.shutdown()
+
+
+if __name__ == "__main__":
+    main()

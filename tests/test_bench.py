@@ -1,0 +1,48 @@
+"""The benchmark entry point runs (tiny sizes, 2 ranks) and its tables hold
+the numbers it measured; speed itself is never asserted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import free_port, launch
+
+
+def _job(rank: int, world: int, port: int) -> list[str]:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    import torch.distributed as dist
+
+    import ringlet
+    from ringlet.bench import c10d, collectives
+
+    peer = collectives._Gloo()
+    rows = collectives.run(list(collectives.OPS), [4096, 65536], 0.01, peer)
+    text = collectives.table(rows, world, ringlet.transport(), peer.name)
+    peer.close()
+    dist.init_process_group("ringlet")
+    gloo = dist.new_group(backend="gloo")
+    rows2 = c10d.collectives(c10d.OPS, [4096], 0.01, gloo)
+    train = c10d.training(2, 32, 2, 2, gloo)
+    dist.destroy_process_group()
+    assert len(rows) == 8 and len(rows2) == 5 and len(train) == 2
+    assert all(r["ringlet_us"] > 0 and r["peer_us"] > 0 for r in rows)
+    return text.splitlines()
+
+
+def test_bench_collectives_and_c10d_run() -> None:
+    out = launch(2, _job, free_port(), timeout=240)
+    lines = out[0]
+    assert lines[0].startswith("world size 2")
+    assert sum(1 for ln in lines if ln.startswith("| all_reduce |")) == 2
+
+
+def test_bench_entry_point_names_the_choices() -> None:
+    res = subprocess.run([sys.executable, "-m", "ringlet.bench", "nonsense"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "collectives" in res.stderr and "c10d" in res.stderr
+
+
