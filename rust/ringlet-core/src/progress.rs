@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 /// A unit of work run on the progress thread (or by a waiter).
@@ -30,6 +30,8 @@ struct State {
     finished: u64,
     /// A job is running (on the thread or in a waiter).
     running: bool,
+    /// The thread running it.
+    runner: Option<ThreadId>,
     stop: bool,
 }
 
@@ -55,10 +57,12 @@ impl Shared {
             return st;
         };
         st.running = true;
+        st.runner = Some(std::thread::current().id());
         drop(st);
         let _ = catch_unwind(AssertUnwindSafe(job));
         let mut st = self.lock();
         st.running = false;
+        st.runner = None;
         st.finished += 1;
         self.done.notify_all();
         if !st.queue.is_empty() {
@@ -135,11 +139,13 @@ impl Progress {
                 return None;
             }
             st.running = true;
+            st.runner = Some(std::thread::current().id());
             st.issued += 1;
         }
         let out = catch_unwind(AssertUnwindSafe(f));
         let mut st = self.shared.lock();
         st.running = false;
+        st.runner = None;
         st.finished += 1;
         self.shared.done.notify_all();
         if !st.queue.is_empty() {
@@ -159,13 +165,23 @@ impl Progress {
 
     /// Blocks until the job of `ticket` has run, running queued jobs (in
     /// order) on the calling thread when none is running. Returns false when
-    /// `timeout` passed first.
-    pub fn wait(&self, ticket: u64, timeout: Option<Duration>) -> bool {
+    /// `timeout` passed first, and an error at once when the caller is
+    /// itself inside a job of this queue (a completion callback) and would
+    /// wait for a later job: that can never finish before this one.
+    pub fn wait(&self, ticket: u64, timeout: Option<Duration>) -> Result<bool> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut st = self.shared.lock();
         loop {
             if st.finished > ticket {
-                return true;
+                return Ok(true);
+            }
+            if st.runner == Some(std::thread::current().id()) {
+                return Err(Error::InvalidArgument(
+                    "waiting, inside an operation's completion callback, for a later \
+                     operation of the same process group would deadlock: operations \
+                     complete in issue order"
+                        .into(),
+                ));
             }
             if !st.running && !st.queue.is_empty() {
                 st = self.shared.run_head(st);
@@ -176,7 +192,7 @@ impl Progress {
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
-                        return false;
+                        return Ok(false);
                     }
                     self.shared
                         .done
@@ -234,10 +250,12 @@ mod tests {
                     .unwrap(),
             );
             if i % 7 == 0 {
-                assert!(p.wait(tickets[i], None));
+                assert!(p.wait(tickets[i], None).unwrap());
             }
         }
-        assert!(p.wait(*tickets.last().unwrap(), Some(Duration::from_secs(10))));
+        assert!(p
+            .wait(*tickets.last().unwrap(), Some(Duration::from_secs(10)))
+            .unwrap());
         assert_eq!(*log.lock().unwrap(), (0..200).collect::<Vec<_>>());
         assert_eq!(p.pending(), 0);
     }
@@ -270,7 +288,7 @@ mod tests {
                 true,
             )
             .unwrap();
-        assert!(!p.wait(second, Some(Duration::from_millis(20))));
+        assert!(!p.wait(second, Some(Duration::from_millis(20))).unwrap());
         assert!(!p.is_done(first));
         tx.send(()).unwrap();
         p.close();
@@ -293,17 +311,35 @@ mod tests {
             .unwrap();
         assert_eq!(p.run_now(|| 6), None);
         tx.send(()).unwrap();
-        assert!(p.wait(t, Some(Duration::from_secs(5))));
+        assert!(p.wait(t, Some(Duration::from_secs(5))).unwrap());
         assert_eq!(p.run_now(|| 7), Some(7));
         assert_eq!(p.pending(), 0);
+    }
+
+    #[test]
+    fn waiting_for_a_later_job_from_inside_a_job_is_an_error() {
+        let p = Arc::new(Progress::new("test-progress").unwrap());
+        let q = Arc::clone(&p);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let first = p
+            .submit(
+                Box::new(move || {
+                    let later = q.submit(Box::new(|| {}), true).unwrap();
+                    tx.send(q.wait(later, None)).unwrap();
+                }),
+                true,
+            )
+            .unwrap();
+        assert!(p.wait(first, Some(Duration::from_secs(5))).unwrap());
+        assert!(rx.recv().unwrap().is_err());
     }
 
     #[test]
     fn a_panicking_job_counts_as_run() {
         let p = Progress::new("test-progress").unwrap();
         let t = p.submit(Box::new(|| panic!("boom")), true).unwrap();
-        assert!(p.wait(t, Some(Duration::from_secs(5))));
+        assert!(p.wait(t, Some(Duration::from_secs(5))).unwrap());
         let t2 = p.submit(Box::new(|| {}), false).unwrap();
-        assert!(p.wait(t2, Some(Duration::from_secs(5))));
+        assert!(p.wait(t2, Some(Duration::from_secs(5))).unwrap());
     }
 }

@@ -79,7 +79,7 @@ impl Progress {
     fn wait(&self, py: Python<'_>, ticket: u64, timeout_s: Option<f64>) -> PyResult<bool> {
         let timeout = timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
         let queue = self.get().map_err(crate::errors::to_pyerr)?;
-        run(py, move || Ok(queue.wait(ticket, timeout)))
+        run(py, move || queue.wait(ticket, timeout))
     }
 
     /// Jobs queued or running.
