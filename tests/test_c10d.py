@@ -351,3 +351,14 @@ def test_dead_peer_fails_the_work_naming_it() -> None:
     out = launch(3, _dead_peer_job, free_port(), init=False, timeout=120, expect_dead=(2,))
     for r in (0, 1):
         assert "rank 2" in out[r], out[r]
+
+
+def test_entry_point_registers_the_backend_without_import() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, torch.distributed as dist; "
+            "print('RINGLET' in dist.Backend._plugins, dist.Backend.RINGLET)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.split() == ["True", "ringlet"], out
