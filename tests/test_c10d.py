@@ -290,7 +290,7 @@ def test_every_c10d_operation_matches_gloo(world: int) -> None:
     assert out == {r: "ok" for r in range(world)}
 
 
-def _lifecycle_job(rank: int, world: int, port: int) -> list:
+def _lifecycle_job(rank: int, world: int, port: int, path: str) -> list:
     import ringlet
 
     seen = []
@@ -310,17 +310,30 @@ def _lifecycle_job(rank: int, world: int, port: int) -> list:
     dist.all_reduce(t)
     seen.append(t.tolist())
     dist.destroy_process_group()
+    # file:// and an explicit store= hand the backend other kinds of store.
+    dist.init_process_group("ringlet", init_method=f"file://{path}", rank=rank,
+                            world_size=world)
+    t = torch.ones(2) * 5
+    dist.all_reduce(t)
+    seen.append(t.tolist())
+    dist.destroy_process_group()
+    store = dist.TCPStore("127.0.0.1", port + 2, world, rank == 0, timedelta(seconds=30))
+    dist.init_process_group("ringlet", store=store, rank=rank, world_size=world)
+    t = torch.ones(2) * 7
+    dist.all_reduce(t)
+    seen.append(t.tolist())
+    dist.destroy_process_group()
     ringlet.shutdown()
     shm = [f for f in os.listdir("/dev/shm") if "ringlet" in f]
     seen.append(shm)
     return seen
 
 
-def test_init_destroy_init_beside_ringlet_init() -> None:
+def test_init_destroy_init_beside_ringlet_init(tmp_path) -> None:
     port = free_port()
-    out = launch(2, _lifecycle_job, port, init=False, timeout=120)
+    out = launch(2, _lifecycle_job, port, str(tmp_path / "store"), init=False, timeout=120)
     for r in range(2):
-        assert out[r] == [[2.0, 2.0], [2.0, 2.0], [6.0, 6.0], []]
+        assert out[r] == [[2.0, 2.0], [2.0, 2.0], [6.0, 6.0], [10.0, 10.0], [14.0, 14.0], []]
 
 
 def _dead_peer_job(rank: int, world: int, port: int) -> str:
