@@ -278,6 +278,13 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     t = torch.ones(3)
     dist.all_reduce(t)  # still usable afterwards
     _same(t, torch.full((3,), float(world)), "usable after mismatch", exact=True)
+    # argument errors: ValueError / TypeError, and RuntimeError as gloo raises them
+    with pytest.raises(ValueError, match="output tensors") as e:
+        dist.all_gather([torch.empty(2)] * (world + 1), torch.ones(2))
+    assert isinstance(e.value, RuntimeError)
+    with pytest.raises(TypeError, match="dtype") as e:
+        dist.all_reduce(torch.zeros(2, dtype=torch.uint32))
+    assert isinstance(e.value, RuntimeError)
     with pytest.raises(RuntimeError, match="any source"):
         dist.recv(torch.empty(1))
     dist.destroy_process_group()

@@ -26,11 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -77,26 +78,51 @@ _SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)
 
 
 class _DistErrors:
-    """ringlet's typed exceptions, also ``torch.distributed.DistBackendError``
-    (a ``RuntimeError``) so c10d code that catches torch's errors catches ours."""
+    """Errors as torch's process groups raise them. ringlet's typed exceptions
+    become also ``torch.distributed.DistBackendError``; argument errors
+    (``ValueError`` / ``TypeError``) become also ``RuntimeError``, the type
+    gloo raises for them. ``except ValueError`` and ``except RuntimeError``
+    both work."""
 
     _cache: dict[type, type] = {}  # noqa: RUF012
 
     @classmethod
     def convert(cls, exc: BaseException) -> BaseException:
-        if not isinstance(exc, errors.RingletError) or isinstance(exc, dist.DistBackendError):
+        if isinstance(exc, errors.RingletError):
+            extra: type = dist.DistBackendError
+        elif isinstance(exc, (ValueError, TypeError)):
+            extra = RuntimeError
+        else:
             return exc
         kind = type(exc)
+        if issubclass(kind, extra):
+            return exc
         both = cls._cache.get(kind)
         if both is None:
-            both = type(kind.__name__, (kind, dist.DistBackendError), {
-                "__module__": "ringlet.errors",
+            both = type(kind.__name__, (kind, extra), {
+                "__module__": kind.__module__,
                 "__doc__": kind.__doc__,
             })
             cls._cache[kind] = both
         new = both(*exc.args)
         new.__cause__ = exc.__cause__
         return new.with_traceback(exc.__traceback__)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _torch_errors(fn: _F) -> _F:
+    """Raises ``fn``'s argument errors as torch's process groups do."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError) as e:
+            raise _DistErrors.convert(e) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 class Work(_CWork):
@@ -448,6 +474,7 @@ class ProcessGroupRinglet(ProcessGroup):
 
     # -- collectives ---------------------------------------------------------
 
+    @_torch_errors
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         if len(tensors) == 1:  # the common case, with the fewest steps
@@ -477,6 +504,7 @@ class ProcessGroupRinglet(ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         return self.allreduce(tensors, opts)
 
+    @_torch_errors
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast root")
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
@@ -490,6 +518,7 @@ class ProcessGroupRinglet(ProcessGroup):
 
         return self._submit(run, list(tensors), wake=_is_async(opts))
 
+    @_torch_errors
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         root = self._root(opts.rootRank, "reduce root")
         op = opts.reduceOp
@@ -530,6 +559,7 @@ class ProcessGroupRinglet(ProcessGroup):
             o.copy_(flat[start:start + o.numel()].view(o.shape))
             start += o.numel()
 
+    @_torch_errors
     def allgather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
         opts: Any = None,
@@ -558,6 +588,7 @@ class ProcessGroupRinglet(ProcessGroup):
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
+    @_torch_errors
     def allgather_into_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
@@ -611,6 +642,7 @@ class ProcessGroupRinglet(ProcessGroup):
         post(mine)
         out.copy_(mine.view(out.shape))
 
+    @_torch_errors
     def reduce_scatter(  # the list form: inputs are concatenated into a fresh buffer
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
@@ -642,6 +674,7 @@ class ProcessGroupRinglet(ProcessGroup):
     ) -> Work:
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
+    @_torch_errors
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
@@ -667,6 +700,7 @@ class ProcessGroupRinglet(ProcessGroup):
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
     reduce_scatter_single = _reduce_scatter_base
 
+    @_torch_errors
     def gather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
         opts: Any = None,
@@ -698,6 +732,7 @@ class ProcessGroupRinglet(ProcessGroup):
 
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
+    @_torch_errors
     def scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
@@ -727,6 +762,7 @@ class ProcessGroupRinglet(ProcessGroup):
 
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
+    @_torch_errors
     def alltoall_base(
         self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
         input_split_sizes: list[int], opts: Any = None,
@@ -768,6 +804,7 @@ class ProcessGroupRinglet(ProcessGroup):
 
     all_to_all_single = alltoall_base
 
+    @_torch_errors
     def alltoall(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
         opts: Any = None,
@@ -800,6 +837,7 @@ class ProcessGroupRinglet(ProcessGroup):
     def barrier(self, opts: Any = None) -> Work:
         return self._submit(lambda: self._world().barrier(), [], wake=_is_async(opts))
 
+    @_torch_errors
     def monitored_barrier(
         self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False
     ) -> None:
@@ -854,6 +892,7 @@ class ProcessGroupRinglet(ProcessGroup):
             raise ValueError(f"ringlet: message tag must be in [0, 2**31), got {tag}")
         return tag
 
+    @_torch_errors
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> Work:
         dst, tag = self._peer(dstRank, "send to"), self._tag(tag)
         t = self._tensor(tensors[0], "send tensor")
@@ -882,6 +921,7 @@ class ProcessGroupRinglet(ProcessGroup):
         done._finish(None)
         return done
 
+    @_torch_errors
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Work:
         src, tag = self._peer(srcRank, "receive from"), self._tag(tag)
         t = self._tensor(tensors[0], "recv tensor")
@@ -896,6 +936,7 @@ class ProcessGroupRinglet(ProcessGroup):
 
         return self._submit(run, list(tensors), queue, source=src)
 
+    @_torch_errors
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         raise RuntimeError(
             f"{self._where()}: ringlet does not receive from any source (recv with src=None); "
