@@ -382,3 +382,41 @@ def test_entry_point_registers_the_backend_without_import() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.split() == ["True", "ringlet"], out
+
+
+def _two_host_job(rank: int, world: int, port: int) -> list:
+    _init(rank, world, port)
+    pg = dist.distributed_c10d._get_default_group()
+    n = 1 << 17  # 512 KiB of float32: past the two-level threshold
+    every = [_data(r, n, torch.float32, seed=3) for r in range(world)]
+    t = every[rank].clone()
+    dist.all_reduce(t)
+    _same(t, sum(every), "two-level all_reduce")
+    ints = [_data(r, n, torch.int32, seed=4) for r in range(world)]
+    t = ints[rank].clone()
+    dist.all_reduce(t, op=dist.ReduceOp.BXOR)
+    want = ints[0]
+    for x in ints[1:]:
+        want = want ^ x
+    _same(t, want, "two-level BXOR", exact=True)
+    out = torch.empty(world * n)
+    dist.all_gather_into_tensor(out, every[rank])
+    _same(out, torch.cat(every), "two-level all_gather", exact=True)
+    mine = torch.empty(n // world)
+    dist.reduce_scatter_tensor(mine, every[rank])
+    _same(mine, sum(every)[rank * (n // world):(rank + 1) * (n // world)], "two-level rs")
+    b = every[rank].clone()
+    dist.broadcast(b, src=1)
+    _same(b, every[1], "two-level broadcast", exact=True)
+    levels = pg._levels
+    layout = levels.layout if levels is not None else None
+    transport = pg._comm.transport
+    dist.destroy_process_group()
+    return [layout, transport]
+
+
+def test_group_spanning_simulated_hosts_runs_in_two_levels() -> None:
+    hosts = [{"RINGLET_HOST_ID": h} for h in ("a", "b", "a", "b")]
+    out = launch(4, _two_host_job, free_port(), init=False, timeout=180, per_rank_env=hosts)
+    for r in range(4):
+        assert out[r] == [[[0, 2], [1, 3]], "tcp"]

@@ -158,15 +158,41 @@ def _apply_scale(t: torch.Tensor, scale: float) -> None:
 _HIER_MIN_BYTES = 256 << 10
 
 
-def _two_level(comm: Any, nbytes: int) -> Optional[tuple[Any, Any]]:
-    """The (host, cross-host) communicators when a world collective of
-    ``nbytes`` should run in two levels (multi-host jobs, large messages)."""
+class Levels:
+    """The two levels of a communicator that spans several hosts: ``local``
+    (this host's ranks, shared memory) and ``cross`` (this local index on
+    every host, TCP); ``layout`` lists each host's ranks (in the group's
+    ranks) and ``rank`` is this process's rank in the group."""
+
+    __slots__ = ("cross", "layout", "local", "rank")
+
+    def __init__(self, local: Any, cross: Any, layout: list[list[int]], rank: int) -> None:
+        self.local, self.cross, self.layout, self.rank = local, cross, layout, rank
+
+    def local_index(self) -> int:
+        return next(g.index(self.rank) for g in self.layout if self.rank in g)
+
+
+# Communicators other than ringlet.init()'s world that have two levels (the
+# c10d backend's groups), by id; registered and dropped by their owners.
+_LEVELS: dict[int, Levels] = {}
+
+# reduce types in the order the two-level agreement encodes them
+_ENGINE_OPS = (*_REDUCE_TYPES, "xor")
+
+
+def _two_level(comm: Any, nbytes: int) -> Optional[Levels]:
+    """The levels to use when a collective of ``nbytes`` on ``comm`` should
+    run in two (multi-host jobs, large messages); None otherwise."""
     if nbytes < _HIER_MIN_BYTES:
         return None
-    state = runtime._state  # None for c10d groups without ringlet.init()
+    levels = _LEVELS.get(id(comm))
+    if levels is not None:
+        return levels
+    state = runtime._state  # ringlet.init()'s world
     if state is None or state.hier is None or comm is not state.comm:
         return None
-    return state.hier
+    return Levels(state.hier[0], state.hier[1], runtime.host_layout(), state.rank)
 
 
 def _agree(comm: Any, op: str, fields: list[int], what: str) -> None:
@@ -188,8 +214,8 @@ def _engine_all_reduce(comm: Any, t: torch.Tensor, name: str, reduce_type: str) 
     if hier is None:
         comm.all_reduce(t.data_ptr(), _nbytes(t), name, reduce_type)
         return
-    local, cross = hier
-    code = [t.numel(), list(_DTYPE_NAMES).index(t.dtype), _REDUCE_TYPES.index(reduce_type)]
+    local, cross = hier.local, hier.cross
+    code = [t.numel(), list(_DTYPE_NAMES).index(t.dtype), _ENGINE_OPS.index(reduce_type)]
     _agree(comm, "all_reduce", code, f"element count, dtype or reduce type; this rank has "
            f"{t.numel()} x {name}, {reduce_type}")
     # Reduce-scatter within the host, all-reduce each shard across hosts,
@@ -214,12 +240,12 @@ def _engine_all_gather(comm: Any, inp: torch.Tensor, out: torch.Tensor, name: st
     if hier is None:
         comm.all_gather(inp.data_ptr(), _nbytes(inp), out.data_ptr(), _nbytes(out), name)
         return
-    local, cross = hier
+    local, cross = hier.local, hier.cross
     _agree(comm, "all_gather", [inp.numel(), list(_DTYPE_NAMES).index(inp.dtype)],
            f"element count or dtype; this rank has {inp.numel()} x {name}")
     block = torch.empty(local.size * inp.numel(), dtype=inp.dtype)
     local.all_gather(inp.data_ptr(), _nbytes(inp), block.data_ptr(), _nbytes(block), name)
-    layout = runtime.host_layout()
+    layout = hier.layout
     flat = out.view(-1)
     if [r for g in layout for r in g] == list(range(comm.size)):
         # Hosts hold consecutive ranks: the host blocks are already in order.
@@ -248,11 +274,11 @@ def _engine_reduce_scatter(
             inp.data_ptr(), _nbytes(inp), out.data_ptr(), _nbytes(out), name, reduce_type
         )
         return
-    local, cross = hier
-    code = [inp.numel(), list(_DTYPE_NAMES).index(inp.dtype), _REDUCE_TYPES.index(reduce_type)]
+    local, cross = hier.local, hier.cross
+    code = [inp.numel(), list(_DTYPE_NAMES).index(inp.dtype), _ENGINE_OPS.index(reduce_type)]
     _agree(comm, "reduce_scatter", code, f"element count, dtype or reduce type; this rank "
            f"has {inp.numel()} x {name}, {reduce_type}")
-    layout = runtime.host_layout()
+    layout = hier.layout
     blocks = inp.view(comm.size, -1)
     order = [layout[h][i] for i in range(local.size) for h in range(len(layout))]
     regrouped = blocks[order].contiguous()  # local index major, host minor
@@ -274,13 +300,13 @@ def _engine_broadcast(comm: Any, t: torch.Tensor, name: str, root: int) -> None:
     if hier is None:
         comm.broadcast(t.data_ptr(), _nbytes(t), name, root)
         return
-    local, cross = hier
+    local, cross = hier.local, hier.cross
     _agree(comm, "broadcast", [t.numel(), list(_DTYPE_NAMES).index(t.dtype), root],
            f"element count, dtype or root; this rank has {t.numel()} x {name} from {root}")
-    layout = runtime.host_layout()
+    layout = hier.layout
     root_host = next(h for h, g in enumerate(layout) if root in g)
     root_local = layout[root_host].index(root)
-    if runtime.get_local_ordinal() == root_local:
+    if hier.local_index() == root_local:
         cross.broadcast(t.data_ptr(), _nbytes(t), name, root_host)
     local.broadcast(t.data_ptr(), _nbytes(t), name, root_local)
 

@@ -41,8 +41,11 @@ from torch._C._distributed_c10d import Work as _CWork
 from . import _core, errors, runtime
 from ._engine import (
     _DTYPE_NAMES,
+    _LEVELS,
+    Levels,
     _check,
     _engine_all_gather,
+    _engine_all_reduce,
     _engine_broadcast,
     _engine_reduce_scatter,
     _exchange,
@@ -304,6 +307,7 @@ class ProcessGroupRinglet(ProcessGroup):
         # after destroy_process_group() never hands out stale addresses.
         self._key = f"ringlet/{int(store.add(f'ringlet/incarnation/{rank}', 1))}"
         self._comm: Any = None
+        self._levels: Optional[Levels] = None
         self._lock = threading.Lock()
         self._queue = _core.Progress("ringlet-pg")
         self._p2p: dict[tuple[int, int], tuple[Any, Any]] = {}
@@ -357,10 +361,20 @@ class ProcessGroupRinglet(ProcessGroup):
                     if self._size == 1:
                         self._comm = _core.Communicator.single()
                     else:
-                        self._comm, _ = runtime._connect(
-                            self._store, self._key, self._rank, self._size, self._addr(),
+                        addr = self._addr()
+                        comm, hosts = runtime._connect(
+                            self._store, self._key, self._rank, self._size, addr,
                             self._timeout, members=self._members,
                         )
+                        # A group spanning hosts: large collectives run in two
+                        # levels (shared memory within hosts, TCP across).
+                        hier = runtime._hierarchy(
+                            self._store, self._key, self._rank, hosts, addr, self._timeout
+                        )
+                        if hier is not None:
+                            self._levels = Levels(*hier, runtime._layout(hosts), self._rank)
+                            _LEVELS[id(comm)] = self._levels
+                        self._comm = comm
                 comm = self._comm
         return comm
 
@@ -474,6 +488,13 @@ class ProcessGroupRinglet(ProcessGroup):
 
     # -- collectives ---------------------------------------------------------
 
+    def _all_reduce_one(self, t: torch.Tensor, name: str, red: str) -> None:
+        comm = self._world()  # decided in the job: every rank connects before it
+        if self._levels is None:  # one engine call (single host)
+            comm.all_reduce(t.data_ptr(), t.nbytes, name, red)
+        else:
+            _engine_all_reduce(comm, t, name, red)
+
     @_torch_errors
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
@@ -484,11 +505,8 @@ class ProcessGroupRinglet(ProcessGroup):
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
                     and (red in ("sum", "mul", "min", "max") or not t.is_floating_point())):
-                # c10d groups never take the two-level path: one engine call.
-                return self._submit(
-                    lambda: self._world().all_reduce(t.data_ptr(), t.nbytes, name, red), [t],
-                    wake=_is_async(opts),
-                )
+                return self._submit(lambda: self._all_reduce_one(t, name, red), [t],
+                                    wake=_is_async(opts))
         ts = [self._tensor(t, f"all_reduce tensors[{i}]") for i, t in enumerate(tensors)]
 
         def run() -> None:
@@ -972,7 +990,11 @@ class ProcessGroupRinglet(ProcessGroup):
             if slot[0] is not None:
                 slot[0].close()
         if self._comm is not None:
+            _LEVELS.pop(id(self._comm), None)
             self._comm.close()
+        if self._levels is not None:
+            self._levels.local.close()
+            self._levels.cross.close()
 
     def abort(self) -> None:
         """Closes the group's connections at once."""
