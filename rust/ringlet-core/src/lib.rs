@@ -11,6 +11,7 @@ pub mod error;
 pub mod group;
 pub mod reduce;
 pub mod registry;
+pub mod rpc;
 mod sys;
 pub mod testing;
 pub mod transport;

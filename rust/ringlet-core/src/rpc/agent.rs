@@ -1,0 +1,758 @@
+//! The RPC agent of one worker: a listener that admits connections carrying
+//! the job's token, one reader thread per connection, two bounded thread
+//! pools (one runs incoming requests, one completes the caller's pending
+//! calls, so a request that blocks on a nested call never starves the
+//! completion of that call), and the table of pending calls with their
+//! deadlines.
+//!
+//! The agent moves opaque payloads and raw tensor bytes; what a payload
+//! means (function, arguments, RRef protocol) is the embedder's business,
+//! through the [`Handler`] it installs. Connections are made on first use and
+//! are bidirectional: a request goes out on the connection this worker dialled
+//! and its response comes back on the same one.
+//!
+//! Failures: a connection that breaks fails every pending call to that peer at
+//! once (with the peer's rank); a call past its deadline is failed by the timer
+//! thread; a malformed frame closes the connection it came on, which fails the
+//! calls that were waiting on it. Nothing here panics on bad input.
+
+use super::frame::{Desc, Header, Kind, Place, DESC_BYTES, HEADER_BYTES};
+use super::status;
+use crate::error::{Error, Result};
+use crate::sys;
+use std::any::Any;
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const HELLO_MAGIC: u64 = 0x5249_4e47_5250_4301; // "RINGRPC\x01"
+const HELLO_BYTES: usize = 32;
+const TIMER_SLICE: Duration = Duration::from_millis(5);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Receives everything that arrives for this worker. Called on the agent's
+/// pool threads.
+pub trait Handler: Send + Sync {
+    /// A request to run; answer it with [`Agent::respond`] (now or later).
+    fn request(&self, msg: Incoming);
+    /// The outcome of one of this worker's calls: a response, or a failure the
+    /// agent detected (status `TIMEOUT`, `PEER_LOST`, `SHUTDOWN`).
+    fn response(&self, msg: Incoming);
+}
+
+/// Something that must stay alive until a peer has copied tensor memory out
+/// of it (the embedder passes its tensors).
+pub type KeepAlive = Box<dyn Any + Send>;
+
+struct Conn {
+    peer: usize,
+    pid: u32,
+    stream: TcpStream,
+    writer: Mutex<TcpStream>,
+}
+
+impl Conn {
+    fn write_frame(&self, parts: &[&[u8]]) -> std::io::Result<()> {
+        let mut w = lock(&self.writer);
+        for p in parts {
+            w.write_all(p)?;
+        }
+        Ok(())
+    }
+}
+
+/// Where to send the answer to a request.
+#[derive(Clone)]
+pub struct ReplyTo {
+    conn: Arc<Conn>,
+    id: u64,
+}
+
+impl ReplyTo {
+    /// The rank that made the request.
+    pub fn peer(&self) -> usize {
+        self.conn.peer
+    }
+}
+
+/// A received request or response (or a locally made failure of a call).
+pub struct Incoming {
+    /// Call id (the caller's).
+    pub id: u64,
+    /// The rank it came from (for a local failure: the call's destination).
+    pub from: usize,
+    /// `status::OK` for requests and successful responses.
+    pub status: u8,
+    /// The opaque payload (for local failures: a UTF-8 message).
+    pub payload: Vec<u8>,
+    descs: Vec<Desc>,
+    offsets: Vec<usize>,
+    data: Vec<u8>,
+    reply: Option<ReplyTo>,
+    kind: Kind,
+}
+
+impl Incoming {
+    fn local_failure(id: u64, to: usize, status: u8, msg: String) -> Incoming {
+        Incoming {
+            id,
+            from: to,
+            status,
+            payload: msg.into_bytes(),
+            descs: Vec::new(),
+            offsets: Vec::new(),
+            data: Vec::new(),
+            reply: None,
+            kind: Kind::Response,
+        }
+    }
+
+    /// Byte length of each tensor in the message.
+    pub fn tensor_lens(&self) -> Vec<usize> {
+        self.descs.iter().map(|d| d.len as usize).collect()
+    }
+
+    /// Copies tensor `i` into `dst` (which must have its exact length): from
+    /// the frame, or straight out of the sender's memory (one copy).
+    pub fn fetch(&self, i: usize, dst: &mut [u8]) -> Result<()> {
+        let d = self
+            .descs
+            .get(i)
+            .ok_or_else(|| Error::InvalidArgument(format!("no tensor {i} in the message")))?;
+        if d.len as usize != dst.len() {
+            return Err(Error::InvalidArgument(format!(
+                "tensor {i} has {} bytes, destination {}",
+                d.len,
+                dst.len()
+            )));
+        }
+        match d.place {
+            Place::Inline => {
+                let at = self.offsets[i];
+                dst.copy_from_slice(&self.data[at..at + dst.len()]);
+                Ok(())
+            }
+            Place::Remote { pid, addr } => sys::read_peer_memory(pid, addr, dst).map_err(|e| {
+                Error::Rpc(format!(
+                    "could not copy a tensor from worker rank {} (pid {pid}): {e}",
+                    self.from
+                ))
+            }),
+        }
+    }
+
+    /// Where to answer (requests only).
+    pub fn reply_to(&self) -> Option<ReplyTo> {
+        self.reply.clone()
+    }
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        // Tensors fetched (or abandoned): let the sender release their memory.
+        if self.descs.iter().any(|d| d.place != Place::Inline) {
+            if let Some(r) = &self.reply {
+                let h = Header {
+                    kind: Kind::Ack,
+                    status: self.kind as u8,
+                    id: self.id,
+                    payload_len: 0,
+                    ntensors: 0,
+                    inline_total: 0,
+                };
+                let _ = r.conn.write_frame(&[&h.encode()]);
+            }
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A fixed number of threads taking jobs from one queue.
+struct Pool {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+}
+
+impl Pool {
+    fn new(name: &str, threads: usize) -> Result<Pool> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || loop {
+                    let job = match lock(&rx).recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    };
+                    job();
+                })
+                .map_err(|e| Error::io("spawn an RPC thread", e))?;
+        }
+        Ok(Pool {
+            tx: Mutex::new(Some(tx)),
+        })
+    }
+
+    fn submit(&self, job: Job) {
+        if let Some(tx) = lock(&self.tx).as_ref() {
+            let _ = tx.send(job);
+        }
+    }
+
+    fn close(&self) {
+        lock(&self.tx).take();
+    }
+}
+
+struct Pending {
+    to: usize,
+    deadline: Option<Instant>,
+}
+
+struct Peer {
+    addr: String,
+    same_host: bool,
+}
+
+struct Inner {
+    rank: usize,
+    token: u64,
+    handler: Arc<dyn Handler>,
+    peers: RwLock<Vec<Peer>>,
+    out: Mutex<HashMap<usize, Arc<Conn>>>,
+    all: Mutex<Vec<Arc<Conn>>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    timer: Condvar,
+    pins: Mutex<HashMap<(usize, u8, u64), KeepAlive>>,
+    next_id: AtomicU64,
+    closing: AtomicBool,
+    refused: AtomicU64,
+    requests: Pool,
+    completions: Pool,
+    single_copy_min: usize,
+}
+
+/// Options of an [`Agent`].
+pub struct AgentConfig {
+    /// This worker's rank.
+    pub rank: usize,
+    /// The job's secret: connections without it are refused.
+    pub token: u64,
+    /// Threads that run incoming requests.
+    pub request_threads: usize,
+    /// Threads that complete this worker's calls.
+    pub completion_threads: usize,
+    /// Tensors at least this large go single-copy between processes on one
+    /// host (`usize::MAX`: never).
+    pub single_copy_min: usize,
+}
+
+/// One worker's RPC endpoint.
+pub struct Agent {
+    inner: Arc<Inner>,
+    port: u16,
+}
+
+fn lost(peer: usize, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Rpc(format!(
+        "lost the connection to worker rank {peer} ({what}: {e})"
+    ))
+}
+
+impl Agent {
+    /// Starts the agent: binds `bind_addr` (port 0: any free port) and starts
+    /// the listener, timer and pool threads.
+    pub fn start(cfg: AgentConfig, bind_addr: &str, handler: Arc<dyn Handler>) -> Result<Agent> {
+        let listener = crate::transport::tcp::listen(bind_addr)?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?
+            .port();
+        let inner = Arc::new(Inner {
+            rank: cfg.rank,
+            token: cfg.token,
+            handler,
+            peers: RwLock::new(Vec::new()),
+            out: Mutex::new(HashMap::new()),
+            all: Mutex::new(Vec::new()),
+            pending: Mutex::new(HashMap::new()),
+            timer: Condvar::new(),
+            pins: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            closing: AtomicBool::new(false),
+            refused: AtomicU64::new(0),
+            requests: Pool::new("ringlet-rpc-req", cfg.request_threads)?,
+            completions: Pool::new("ringlet-rpc-done", cfg.completion_threads)?,
+            single_copy_min: cfg.single_copy_min,
+        });
+        let i = inner.clone();
+        thread::Builder::new()
+            .name("ringlet-rpc-listen".into())
+            .spawn(move || i.listen(listener))
+            .map_err(|e| Error::io("spawn the RPC listener", e))?;
+        let i = inner.clone();
+        thread::Builder::new()
+            .name("ringlet-rpc-timer".into())
+            .spawn(move || i.expire_loop())
+            .map_err(|e| Error::io("spawn the RPC timer", e))?;
+        Ok(Agent { inner, port })
+    }
+
+    /// The port the agent listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Sets every worker's listening address (`host:port`) and whether it
+    /// shares this host (then large tensors go single-copy).
+    pub fn set_peers(&self, addrs: Vec<String>, same_host: Vec<bool>) -> Result<()> {
+        if addrs.len() != same_host.len() || self.inner.rank >= addrs.len() {
+            return Err(Error::InvalidArgument(
+                "addresses and host flags must cover every worker".into(),
+            ));
+        }
+        let peers = addrs
+            .into_iter()
+            .zip(same_host)
+            .map(|(addr, same_host)| Peer { addr, same_host })
+            .collect();
+        *self.inner.peers.write().unwrap_or_else(|p| p.into_inner()) = peers;
+        Ok(())
+    }
+
+    /// Sends a request to `to` and returns its call id at once; the outcome
+    /// reaches [`Handler::response`] with that id. `timeout` of `None`: no
+    /// deadline. `keep` is held until `to` has copied any tensor it reads
+    /// from this process's memory.
+    pub fn call(
+        &self,
+        to: usize,
+        payload: &[u8],
+        tensors: &[&[u8]],
+        timeout: Option<Duration>,
+        keep: KeepAlive,
+    ) -> Result<u64> {
+        let inner = &self.inner;
+        if inner.closing.load(Ordering::Acquire) {
+            return Err(Error::Rpc("the RPC agent has shut down".into()));
+        }
+        let conn = inner.connection(to)?;
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&inner.pending).insert(
+            id,
+            Pending {
+                to,
+                deadline: timeout.map(|t| Instant::now() + t),
+            },
+        );
+        if let Err(e) = inner.send(&conn, Kind::Request, status::OK, id, payload, tensors, keep) {
+            lock(&inner.pending).remove(&id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Answers a request.
+    pub fn respond(
+        &self,
+        to: &ReplyTo,
+        status: u8,
+        payload: &[u8],
+        tensors: &[&[u8]],
+        keep: KeepAlive,
+    ) -> Result<()> {
+        self.inner.send(
+            &to.conn,
+            Kind::Response,
+            status,
+            to.id,
+            payload,
+            tensors,
+            keep,
+        )
+    }
+
+    /// Number of calls waiting for their outcome.
+    pub fn pending(&self) -> usize {
+        lock(&self.inner.pending).len()
+    }
+
+    /// Connections refused so far (wrong token or garbage greeting).
+    pub fn refused(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Stops accepting, closes every connection and fails the calls still
+    /// pending with status `SHUTDOWN`. Threads running requests finish theirs.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        if inner.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for c in lock(&inner.all).drain(..) {
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+        lock(&inner.out).clear();
+        let pend: Vec<(u64, Pending)> = lock(&inner.pending).drain().collect();
+        for (id, p) in pend {
+            let msg = Incoming::local_failure(
+                id,
+                p.to,
+                status::SHUTDOWN,
+                "the RPC agent shut down before the call completed".into(),
+            );
+            let h = inner.handler.clone();
+            inner.completions.submit(Box::new(move || h.response(msg)));
+        }
+        lock(&inner.pins).clear();
+        inner.timer.notify_all();
+        inner.requests.close();
+        inner.completions.close();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn read_hello(s: &mut TcpStream) -> Option<[u64; 4]> {
+    let mut b = [0u8; HELLO_BYTES];
+    s.read_exact(&mut b).ok()?;
+    let mut w = [0u64; 4];
+    for (i, x) in w.iter_mut().enumerate() {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[i * 8..i * 8 + 8]);
+        *x = u64::from_le_bytes(a);
+    }
+    Some(w)
+}
+
+fn hello(token: u64, rank: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HELLO_BYTES);
+    for w in [HELLO_MAGIC, token, rank as u64, sys::pid() as u64] {
+        v.extend_from_slice(&w.to_le_bytes());
+    }
+    v
+}
+
+impl Inner {
+    fn world(&self) -> usize {
+        self.peers.read().map(|p| p.len()).unwrap_or(0)
+    }
+
+    fn listen(self: Arc<Self>, listener: TcpListener) {
+        while !self.closing.load(Ordering::Acquire) {
+            match listener.accept() {
+                Ok((s, _)) => {
+                    let me = self.clone();
+                    // Greet on a thread of its own: a silent client must not
+                    // hold up the others.
+                    let _ = thread::Builder::new()
+                        .name("ringlet-rpc-greet".into())
+                        .spawn(move || me.admit(s));
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    let mut p = [libc::pollfd {
+                        fd: listener.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }];
+                    let _ = sys::poll(&mut p, Duration::from_millis(100));
+                }
+                Err(_) => thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    fn admit(self: Arc<Self>, mut s: TcpStream) {
+        let ok = s.set_nonblocking(false).is_ok()
+            && s.set_read_timeout(Some(Duration::from_secs(10))).is_ok();
+        let greeting = if ok { read_hello(&mut s) } else { None };
+        match greeting {
+            Some([magic, token, rank, pid])
+                if magic == HELLO_MAGIC
+                    && token == self.token
+                    && (self.world() == 0 || (rank as usize) < self.world())
+                    && s.set_read_timeout(None).is_ok() =>
+            {
+                let _ = self.register(s, rank as usize, pid as u32, false);
+            }
+            _ => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    fn register(
+        self: &Arc<Self>,
+        s: TcpStream,
+        peer: usize,
+        pid: u32,
+        outgoing: bool,
+    ) -> Result<Arc<Conn>> {
+        let _ = s.set_nodelay(true);
+        let writer = s.try_clone().map_err(|e| Error::io("clone a stream", e))?;
+        let reader = s.try_clone().map_err(|e| Error::io("clone a stream", e))?;
+        let conn = Arc::new(Conn {
+            peer,
+            pid,
+            stream: s,
+            writer: Mutex::new(writer),
+        });
+        lock(&self.all).push(conn.clone());
+        if self.closing.load(Ordering::Acquire) {
+            let _ = conn.stream.shutdown(Shutdown::Both);
+        }
+        let me = self.clone();
+        let c = conn.clone();
+        thread::Builder::new()
+            .name(format!("ringlet-rpc-read-{peer}"))
+            .spawn(move || me.read_loop(c, reader, outgoing))
+            .map_err(|e| Error::io("spawn an RPC reader", e))?;
+        Ok(conn)
+    }
+
+    fn connection(self: &Arc<Self>, to: usize) -> Result<Arc<Conn>> {
+        let mut out = lock(&self.out);
+        if let Some(c) = out.get(&to) {
+            return Ok(c.clone());
+        }
+        let addr = {
+            let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+            peers
+                .get(to)
+                .map(|p| p.addr.clone())
+                .ok_or_else(|| Error::InvalidArgument(format!("unknown worker rank {to}")))?
+        };
+        let target = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io(format!("resolve {addr}"), e))?
+            .next()
+            .ok_or_else(|| Error::Rpc(format!("address {addr} resolves to nothing")))?;
+        let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(30))
+            .map_err(|e| lost(to, "connect", e))?;
+        s.write_all(&hello(self.token, self.rank))
+            .map_err(|e| lost(to, "greet", e))?;
+        // The peer's pid comes back as its own greeting.
+        let pid = match read_hello(&mut s) {
+            Some([magic, token, rank, pid])
+                if magic == HELLO_MAGIC && token == self.token && rank as usize == to =>
+            {
+                pid as u32
+            }
+            _ => return Err(lost(to, "greet", "the peer refused the connection")),
+        };
+        let conn = self.register(s, to, pid, true)?;
+        out.insert(to, conn.clone());
+        Ok(conn)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &self,
+        conn: &Arc<Conn>,
+        kind: Kind,
+        status: u8,
+        id: u64,
+        payload: &[u8],
+        tensors: &[&[u8]],
+        keep: KeepAlive,
+    ) -> Result<()> {
+        let same_host = self
+            .peers
+            .read()
+            .ok()
+            .and_then(|p| p.get(conn.peer).map(|p| p.same_host))
+            .unwrap_or(false);
+        let mut descs = Vec::with_capacity(tensors.len() * DESC_BYTES);
+        let mut inline_total = 0u64;
+        let mut remote = false;
+        let mut inline: Vec<&[u8]> = Vec::new();
+        for t in tensors {
+            let place = if same_host && t.len() >= self.single_copy_min {
+                remote = true;
+                Place::Remote {
+                    pid: sys::pid(),
+                    addr: t.as_ptr() as u64,
+                }
+            } else {
+                inline_total += t.len() as u64;
+                inline.push(t);
+                Place::Inline
+            };
+            Desc {
+                len: t.len() as u64,
+                place,
+            }
+            .encode(&mut descs);
+        }
+        let header = Header {
+            kind,
+            status,
+            id,
+            payload_len: payload.len() as u64,
+            ntensors: tensors.len() as u32,
+            inline_total,
+        }
+        .encode();
+        let key = (conn.peer, kind as u8, id);
+        if remote {
+            lock(&self.pins).insert(key, keep);
+        }
+        let mut parts: Vec<&[u8]> = vec![&header, payload, &descs];
+        parts.extend(inline);
+        conn.write_frame(&parts).map_err(|e| {
+            lock(&self.pins).remove(&key);
+            lost(conn.peer, "send", e)
+        })
+    }
+
+    fn read_loop(self: Arc<Self>, conn: Arc<Conn>, mut s: TcpStream, outgoing: bool) {
+        if !outgoing {
+            // Answer the greeting with ours (carries our pid).
+            if conn.write_frame(&[&hello(self.token, self.rank)]).is_err() {
+                return;
+            }
+        }
+        let why = loop {
+            match self.read_one(&conn, &mut s) {
+                Ok(()) => {}
+                Err(e) => break e,
+            }
+        };
+        let _ = conn.stream.shutdown(Shutdown::Both);
+        lock(&self.all).retain(|c| !Arc::ptr_eq(c, &conn));
+        {
+            let mut out = lock(&self.out);
+            if out.get(&conn.peer).is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                out.remove(&conn.peer);
+            }
+        }
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        lock(&self.pins).retain(|k, _| k.0 != conn.peer);
+        if outgoing {
+            self.fail_peer(conn.peer, &why.to_string());
+        }
+    }
+
+    /// Fails every pending call to `peer`.
+    fn fail_peer(&self, peer: usize, why: &str) {
+        let ids: Vec<u64> = {
+            let mut p = lock(&self.pending);
+            let ids: Vec<u64> = p
+                .iter()
+                .filter(|(_, v)| v.to == peer)
+                .map(|(k, _)| *k)
+                .collect();
+            for id in &ids {
+                p.remove(id);
+            }
+            ids
+        };
+        for id in ids {
+            let msg = Incoming::local_failure(id, peer, status::PEER_LOST, why.to_string());
+            let h = self.handler.clone();
+            self.completions.submit(Box::new(move || h.response(msg)));
+        }
+    }
+
+    fn read_one(&self, conn: &Arc<Conn>, s: &mut TcpStream) -> Result<()> {
+        let peer = conn.peer;
+        let mut hb = [0u8; HEADER_BYTES];
+        s.read_exact(&mut hb).map_err(|e| lost(peer, "read", e))?;
+        let h = Header::decode(&hb)?;
+        if h.kind == Kind::Ack {
+            lock(&self.pins).remove(&(peer, h.status, h.id));
+            return Ok(());
+        }
+        let mut payload = vec![0u8; h.payload_len as usize];
+        s.read_exact(&mut payload)
+            .map_err(|e| lost(peer, "read (truncated message)", e))?;
+        let mut db = vec![0u8; h.ntensors as usize * DESC_BYTES];
+        s.read_exact(&mut db)
+            .map_err(|e| lost(peer, "read (truncated message)", e))?;
+        let descs = Desc::decode_all(&db, &h)?;
+        let mut offsets = Vec::with_capacity(descs.len());
+        let mut at = 0usize;
+        for d in &descs {
+            offsets.push(at);
+            match d.place {
+                Place::Inline => at += d.len as usize,
+                Place::Remote { pid, .. } if pid == conn.pid => {}
+                Place::Remote { .. } => {
+                    return Err(Error::Rpc(
+                        "malformed RPC message: tensor memory outside the sender".into(),
+                    ))
+                }
+            }
+        }
+        let mut data = vec![0u8; h.inline_total as usize];
+        s.read_exact(&mut data)
+            .map_err(|e| lost(peer, "read (truncated message)", e))?;
+        let msg = Incoming {
+            id: h.id,
+            from: peer,
+            status: h.status,
+            payload,
+            descs,
+            offsets,
+            data,
+            reply: Some(ReplyTo {
+                conn: conn.clone(),
+                id: h.id,
+            }),
+            kind: h.kind,
+        };
+        let handler = self.handler.clone();
+        match h.kind {
+            Kind::Request => self.requests.submit(Box::new(move || handler.request(msg))),
+            _ => {
+                // A response nobody waits for any more (timed out) is dropped,
+                // which still acknowledges its tensors.
+                if lock(&self.pending).remove(&h.id).is_some() {
+                    self.completions
+                        .submit(Box::new(move || handler.response(msg)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn expire_loop(self: Arc<Self>) {
+        let mut pending = lock(&self.pending);
+        while !self.closing.load(Ordering::Acquire) {
+            let now = Instant::now();
+            let expired: Vec<(u64, usize)> = pending
+                .iter()
+                .filter(|(_, p)| p.deadline.is_some_and(|d| d <= now))
+                .map(|(k, p)| (*k, p.to))
+                .collect();
+            for (id, to) in expired {
+                pending.remove(&id);
+                let msg = Incoming::local_failure(id, to, status::TIMEOUT, String::new());
+                let h = self.handler.clone();
+                self.completions.submit(Box::new(move || h.response(msg)));
+            }
+            pending = match self.timer.wait_timeout(pending, TIMER_SLICE) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+}
