@@ -251,6 +251,8 @@ def init_rpc(
         dups = sorted({n for n in names if names.count(n) > 1})
         if dups:
             agent.shutdown()
+            # Everyone has read the names before the store's host may leave.
+            _barrier(store, f"{prefix}/names", world_size, "init", wait)
             raise RuntimeError(
                 f"RPC worker names must be unique: {', '.join(dups)} is used by ranks "
                 f"{[r for r, n in enumerate(names) if n in dups]}"
@@ -277,14 +279,16 @@ def init_rpc(
 
 
 def _store_barrier(st: _State, what: str, timeout: float) -> None:
-    n = len(st.workers)
-    key = f"{st.prefix}/{what}"
-    if int(st.store.add(key, 1)) == n:
-        st.store.set(f"{key}/done", "1")
+    _barrier(st.store, f"{st.prefix}/{what}", len(st.workers), what, timeout)
+
+
+def _barrier(store: Any, key: str, n: int, what: str, timeout: float) -> None:
+    if int(store.add(key, 1)) == n:
+        store.set(f"{key}/done", "1")
     try:
-        st.store.wait([f"{key}/done"], timedelta(seconds=timeout))
+        store.wait([f"{key}/done"], timedelta(seconds=timeout))
     except Exception as e:
-        arrived = int(st.store.add(key, 0))
+        arrived = int(store.add(key, 0))
         raise RuntimeError(
             f"RPC {what}: only {arrived} of {n} workers arrived within {timeout:.0f} s ({e})"
         ) from None
@@ -580,41 +584,25 @@ def remote(
 # --------------------------------------------------------- receiving side
 
 
-_exc_types: dict[type, type] = {}
-_exc_lock = threading.Lock()
-
-
 def _rebuild_exception(exc_type: Optional[type], text: str) -> BaseException:
-    """The remote exception as its own type, also a ``RuntimeError`` (what
-    torch.distributed.rpc raises), when the type can be rebuilt."""
+    """The remote exception rebuilt as its own type with the remote traceback
+    as message (as torch.distributed.rpc does); ``RuntimeError`` when the type
+    cannot be rebuilt."""
     if exc_type is None or not isinstance(exc_type, type) or not issubclass(exc_type, Exception):
         return RuntimeError(text)
-    if issubclass(exc_type, RuntimeError):
-        both: type = exc_type
-    else:
-        with _exc_lock:
-            cached = _exc_types.get(exc_type)
-            if cached is None:
-                try:
-                    cached = type(exc_type.__name__, (exc_type, RuntimeError),
-                                  {"__module__": exc_type.__module__,
-                                   "_rpc_original_type": exc_type})
-                except TypeError:  # incompatible layouts (e.g. OSError)
-                    cached = exc_type
-                _exc_types[exc_type] = cached
-        both = cached
     try:
-        return both(text)
-    except Exception:
-        return RuntimeError(text)
+        return exc_type(text)
+    except Exception as e:
+        return RuntimeError(
+            f"Failed to create original exception type. Error msg was {e}. "
+            f"Original exception on remote side was {text}")
 
 
 def _exception_payload(st: _State, e: BaseException) -> bytes:
     text = (f"On {st.me}:\n{e!r}\n"
             + "".join(traceback.format_exception(type(e), e, e.__traceback__)))
-    etype = getattr(type(e), "_rpc_original_type", type(e))
     try:
-        return pickle.dumps((etype, text))
+        return pickle.dumps((type(e), text))
     except Exception:
         return pickle.dumps((None, text))
 
@@ -702,7 +690,7 @@ def _on_request(msg: Any) -> None:
                     return
             else:
                 out = _rref._handle(kind, body, reply.peer)
-                if isinstance(out, Future):
+                if isinstance(out, (Future, torch._C.Future)):
                     _reply_when_done(st, reply, out)
                     return
         except BaseException as e:

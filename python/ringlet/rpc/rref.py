@@ -110,12 +110,17 @@ class _RRefMethod:
     def __init__(self, rid: tuple[int, int], name: str) -> None:
         self.rid = rid
         self.name = name
+        # Answered when the value exists: a method call may overtake the
+        # remote() that creates the value (requests run concurrently).
+        self._wrapped_async_rpc_function = self
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        e = _lookup(self.rid)
-        if e is None:
-            raise RuntimeError(f"RRef {self.rid} is unknown on its owner")
-        return getattr(e.fut.wait(), self.name)(*args, **kwargs)
+    def __call__(self, *args: Any, **kwargs: Any) -> Future:
+        e = _get_or_create(tuple(self.rid))  # type: ignore[arg-type]
+        name = self.name
+        return e.fut.then(lambda f: getattr(f.wait(), name)(*args, **kwargs))
+
+    def __reduce__(self) -> Any:
+        return (_RRefMethod, (self.rid, self.name))
 
 
 def _handle(kind: str, body: tuple[Any, ...], sender: int) -> Any:
@@ -246,9 +251,8 @@ class RRef(Generic[T]):
         st = _api._require()
         rid, fid = tuple(rid), (tuple(fid) if fid is not None else None)  # type: ignore[assignment]
         if owner == st.me.id:
-            e = _lookup(rid)
-            if e is None:
-                raise RuntimeError(f"RRef {rid} is unknown on its owner {st.me}")
+            # Known, or about to be created by a remote() still running here.
+            e = _get_or_create(rid)
             r = cls._owner_ref(rid, e)
             if fid is not None:
                 _change_fork(rid, fid, -1, e)
@@ -382,7 +386,11 @@ class RRef(Generic[T]):
         if self._entry is not None:
             return self._entry.fut.wait()
         to = self.owner()
-        return _api._send(to, ("fetch", self._rid), timeout, self).wait()
+        value = _api._send(to, ("fetch", self._rid), timeout, self).wait()
+        if c is not None:
+            # The owner may answer the fetch before the creation's own reply.
+            _api._wait_all([c], _api._timeout_of(_api._require(), timeout) or 60.0)
+        return value
 
     def _get_future(self) -> Future:
         """The creation future (torch's private name)."""
