@@ -139,6 +139,9 @@ class RpcAgent:
     def call(
         self, to: int, payload: bytes, tensors: list[tuple[int, int]], timeout_s: float, keep: Any
     ) -> int: ...
+    def call_wait(
+        self, to: int, payload: bytes, tensors: list[tuple[int, int]], timeout_s: float, keep: Any
+    ) -> RpcMessage: ...
     def respond(
         self,
         reply: RpcReply,

@@ -21,7 +21,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, ClassVar, Optional, Union
 
 import torch
 from torch.futures import Future
@@ -253,6 +253,7 @@ def init_rpc(
             agent.shutdown()
             # Everyone has read the names before the store's host may leave.
             _barrier(store, f"{prefix}/names", world_size, "init", wait)
+            _leave_store(store, f"{prefix}/left", world_size, hosts_store, wait)
             raise RuntimeError(
                 f"RPC worker names must be unique: {', '.join(dups)} is used by ranks "
                 f"{[r for r, n in enumerate(names) if n in dups]}"
@@ -365,73 +366,88 @@ def _load_script_function(qualified: str) -> Any:
     return getattr(mod, fn)
 
 
+# Pickling runs in C: tensors, parameters, RRefs and TorchScript functions are
+# found through a dispatch table (exact types), not a Python hook called for
+# every object. Per-message state lives in thread-locals.
+
+
+def _reduce_tensor(t: torch.Tensor) -> Any:
+    _cpu_only(t)
+    if t.layout != torch.strided or t.is_quantized:
+        return t.__reduce_ex__(5)
+    d = t.detach()
+    if not d.is_contiguous():
+        d = d.contiguous()
+    out: list[torch.Tensor] = _local.out
+    out.append(d)
+    return (_rebuild_tensor, (len(out) - 1, t.dtype, tuple(t.shape), bool(t.requires_grad),
+                              isinstance(t, torch.nn.Parameter)))
+
+
+def _rebuild_tensor(i: int, dtype: torch.dtype, shape: tuple[int, ...], requires_grad: bool,
+                    is_param: bool) -> torch.Tensor:
+    msg, lens = _local.msg, _local.lens
+    out = torch.empty(shape, dtype=dtype)
+    nbytes = out.numel() * out.element_size()
+    if i >= len(lens) or lens[i] != nbytes:
+        raise RuntimeError("malformed RPC message: tensor size does not match its bytes")
+    if nbytes:
+        msg.fetch(i, out.data_ptr(), nbytes)
+    if is_param:
+        return torch.nn.Parameter(out, requires_grad=requires_grad)
+    if requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+def _reduce_rref(r: Any) -> Any:
+    from .rref import RRef
+
+    return (RRef._from_fork, r._fork_for(_local.dest))
+
+
+def _reduce_script_function(f: Any) -> Any:
+    return (_load_script_function, (f.qualified_name,))
+
+
 class _Pickler(pickle.Pickler):
-    def __init__(self, f: io.BytesIO, dest: int) -> None:
-        super().__init__(f, protocol=5)
-        self.tensors: list[torch.Tensor] = []
-        self.dest = dest
+    dispatch_table: ClassVar[dict[Any, Any]] = {}
 
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor) and type(obj) in (torch.Tensor, torch.nn.Parameter):
-            _cpu_only(obj)
-            if obj.layout != torch.strided or obj.is_quantized:
-                return None
-            t = obj.detach()
-            if not t.is_contiguous():
-                t = t.contiguous()
-            self.tensors.append(t)
-            return ("T", len(self.tensors) - 1, t.dtype, tuple(t.shape),
-                    bool(obj.requires_grad), isinstance(obj, torch.nn.Parameter))
-        from .rref import RRef
 
-        if isinstance(obj, RRef):
-            return ("R", *obj._fork_for(self.dest))
-        return None
+def _dispatch_table() -> dict[Any, Any]:
+    import copyreg
 
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, torch.jit.ScriptFunction):
-            return (_load_script_function, (obj.qualified_name,))
-        return NotImplemented
+    from .rref import RRef
+
+    table = copyreg.dispatch_table.copy()
+    table[torch.Tensor] = _reduce_tensor
+    table[torch.nn.Parameter] = _reduce_tensor
+    table[RRef] = _reduce_rref
+    table[torch.jit.ScriptFunction] = _reduce_script_function
+    return table
 
 
 def _dumps(obj: Any, dest: int) -> tuple[bytes, list[torch.Tensor]]:
-    f = io.BytesIO()
-    p = _Pickler(f, dest)
-    p.dump(obj)
-    return f.getvalue(), p.tensors
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, f: io.BytesIO, msg: Any) -> None:
-        super().__init__(f)
-        self.msg = msg
-        self.lens = msg.tensor_lens
-
-    def persistent_load(self, pid: Any) -> Any:
-        if pid[0] == "T":
-            _, i, dtype, shape, requires_grad, is_param = pid
-            out = torch.empty(shape, dtype=dtype)
-            nbytes = out.numel() * out.element_size()
-            if i >= len(self.lens) or self.lens[i] != nbytes:
-                raise RuntimeError("malformed RPC message: tensor size does not match its bytes")
-            if nbytes:
-                self.msg.fetch(i, out.data_ptr(), nbytes)
-            if is_param:
-                return torch.nn.Parameter(out, requires_grad=requires_grad)
-            if requires_grad:
-                out.requires_grad_(True)
-            return out
-        if pid[0] == "R":
-            from .rref import RRef
-
-            return RRef._from_fork(*pid[1:])
-        raise pickle.UnpicklingError(f"unknown persistent id {pid[0]!r}")
+    if not _Pickler.dispatch_table:
+        _Pickler.dispatch_table = _dispatch_table()
+    prev = (getattr(_local, "out", None), getattr(_local, "dest", None))
+    tensors: list[torch.Tensor] = []
+    _local.out, _local.dest = tensors, dest
+    try:
+        f = io.BytesIO()
+        _Pickler(f, 5).dump(obj)
+        return f.getvalue(), tensors
+    finally:
+        _local.out, _local.dest = prev
 
 
 def _loads(msg: Any) -> Any:
+    prev = (getattr(_local, "msg", None), getattr(_local, "lens", None))
+    _local.msg, _local.lens = msg, msg.tensor_lens
     try:
-        return _Unpickler(io.BytesIO(msg.payload()), msg).load()
+        return pickle.loads(msg.payload())
     finally:
+        _local.msg, _local.lens = prev
         msg.release()
 
 
@@ -448,8 +464,8 @@ def _timeout_of(st: _State, timeout: float) -> float:
     return float(timeout)
 
 
-def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Future:
-    """Sends one request; the returned future completes with its outcome."""
+def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, bytes,
+                                                                  list[torch.Tensor], list[Any]]:
     st = _require()
     if st.agent is None:
         raise RuntimeError("RPC agent is shut down")
@@ -461,11 +477,17 @@ def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Future
         kept = _local.keep
     finally:
         _local.dest_name, _local.keep = prev
+    return st, t, payload, tensors, kept
+
+
+def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Future:
+    """Sends one request; the returned future completes with its outcome."""
+    st, t, payload, tensors, kept = _prepare(to, body, timeout)
     fut: Future = Future()
     entry = _Pending(fut, to.id, t, (keep, kept))
     try:
         cid = st.agent.call(to.id, payload, _tensor_bufs(tensors), t, tensors)
-    except RuntimeError as e:
+    except (RuntimeError, AttributeError) as e:
         raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
     with st.lock:
         early = st.early.pop(cid, None)
@@ -474,6 +496,22 @@ def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Future
     if early is not None:
         _complete(st, entry, early)
     return fut
+
+
+def _send_sync(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Any:
+    """Sends one request and returns its result (raises its error). The
+    calling thread waits in the agent with the GIL released; the reader
+    thread hands it the response directly."""
+    st, t, payload, tensors, kept = _prepare(to, body, timeout)
+    try:
+        msg = st.agent.call_wait(to.id, payload, _tensor_bufs(tensors), t, tensors)
+    except (RuntimeError, AttributeError) as e:
+        raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
+    ok, value = _outcome(st, to.id, t, msg)
+    del keep, kept
+    if ok:
+        return value
+    raise value
 
 
 def _invoke(to: Any, func: Callable[..., Any], args: Any, kwargs: Any, timeout: float) -> Future:
@@ -542,7 +580,9 @@ def rpc_sync(
         >>> rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 3))
         tensor([4., 4.])
     """
-    return _invoke(to, func, args, kwargs, timeout).wait()
+    if not callable(func):
+        raise TypeError(f"function should be callable, got {type(func).__name__}")
+    return _send_sync(_worker(to), ("call", func, tuple(args or ()), dict(kwargs or {})), timeout)
 
 
 def remote(
@@ -703,35 +743,36 @@ def _on_request(msg: Any) -> None:
         raise
 
 
-def _complete(st: _State, entry: _Pending, msg: Any) -> None:
-    name = st.workers[entry.to].name if 0 <= entry.to < len(st.workers) else str(entry.to)
+def _outcome(st: _State, to: int, timeout: float, msg: Any) -> tuple[bool, Any]:
+    """(True, value) or (False, exception) from a response or local failure."""
+    name = st.workers[to].name if 0 <= to < len(st.workers) else str(to)
     status = msg.status
-    fut = entry.fut
     try:
         if status == _core.RPC_OK:
-            value = _loads(msg)
-        else:
-            if status == _core.RPC_ERROR:
-                etype, text = _loads(msg)
-                exc = _rebuild_exception(etype, text)
-            else:
-                detail = bytes(msg.payload()).decode("utf-8", "replace")
-                msg.release()
-                if status == _core.RPC_TIMEOUT:
-                    exc = RuntimeError(
-                        f"RPC to {name} timed out: RPC ran for more than set timeout "
-                        f"({int(entry.timeout * 1000)} ms) and will now be marked with an error")
-                elif status == _core.RPC_PEER_LOST:
-                    exc = RuntimeError(
-                        f"RPC to {name} failed: worker {name} (rank {entry.to}) is gone: {detail}")
-                else:
-                    exc = RuntimeError(f"RPC to {name} failed: {detail}")
-            fut.set_exception(exc)
-            return
+            return True, _loads(msg)
+        if status == _core.RPC_ERROR:
+            etype, text = _loads(msg)
+            return False, _rebuild_exception(etype, text)
+        detail = bytes(msg.payload()).decode("utf-8", "replace")
+        msg.release()
     except BaseException as e:
-        fut.set_exception(RuntimeError(f"malformed RPC response from {name}: {e}"))
-        return
-    fut.set_result(value)
+        return False, RuntimeError(f"malformed RPC response from {name}: {e}")
+    if status == _core.RPC_TIMEOUT:
+        return False, RuntimeError(
+            f"RPC to {name} timed out: RPC ran for more than set timeout "
+            f"({int(timeout * 1000)} ms) and will now be marked with an error")
+    if status == _core.RPC_PEER_LOST:
+        return False, RuntimeError(
+            f"RPC to {name} failed: worker {name} (rank {to}) is gone: {detail}")
+    return False, RuntimeError(f"RPC to {name} failed: {detail}")
+
+
+def _complete(st: _State, entry: _Pending, msg: Any) -> None:
+    ok, value = _outcome(st, entry.to, entry.timeout, msg)
+    if ok:
+        entry.fut.set_result(value)
+    else:
+        entry.fut.set_exception(value)
 
 
 def _on_response(msg: Any) -> None:
@@ -839,13 +880,16 @@ def _wait_all(futs: list[Future], timeout: float) -> None:
 
 
 def _leave(st: _State, wait: float) -> None:
+    _leave_store(st.store, f"{st.prefix}/left", len(st.workers), st.hosts_store, wait)
+
+
+def _leave_store(store: Any, key: str, n: int, hosts_store: bool, wait: float) -> None:
     """The worker hosting the store keeps it up until every worker has left."""
     try:
-        key = f"{st.prefix}/left"
-        if int(st.store.add(key, 1)) == len(st.workers):
-            st.store.set(f"{key}/done", "1")
-        if st.hosts_store:
-            st.store.wait([f"{key}/done"], timedelta(seconds=min(wait, 30.0)))
+        if int(store.add(key, 1)) == n:
+            store.set(f"{key}/done", "1")
+        if hosts_store:
+            store.wait([f"{key}/done"], timedelta(seconds=min(wait, 30.0)))
     except Exception:
         pass
 

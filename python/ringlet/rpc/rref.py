@@ -273,7 +273,7 @@ class RRef(Generic[T]):
             _change_fork(self._rid, fid, +1, self._entry)
         else:
             owner = _api._require().workers[self._owner]
-            _api._send(owner, ("fork", self._rid, fid), _api.UNSET_RPC_TIMEOUT).wait()
+            _api._send_sync(owner, ("fork", self._rid, fid), _api.UNSET_RPC_TIMEOUT)
         return (self._owner, self._rid, fid)
 
     def _check_live(self) -> None:
@@ -386,7 +386,7 @@ class RRef(Generic[T]):
         if self._entry is not None:
             return self._entry.fut.wait()
         to = self.owner()
-        value = _api._send(to, ("fetch", self._rid), timeout, self).wait()
+        value = _api._send_sync(to, ("fetch", self._rid), timeout, self)
         if c is not None:
             # The owner may answer the fetch before the creation's own reply.
             _api._wait_all([c], _api._timeout_of(_api._require(), timeout) or 60.0)
@@ -489,8 +489,9 @@ class _Proxy:
             to = rref.owner()
             if mode == "remote":
                 return RRef._remote(to, body, timeout, rref)
-            fut = _api._send(to, body, timeout, rref)
-            return fut.wait() if mode == "sync" else fut
+            if mode == "sync":
+                return _api._send_sync(to, body, timeout, rref)
+            return _api._send(to, body, timeout, rref)
 
         return call
 

@@ -115,6 +115,29 @@ impl RpcAgent {
         })
     }
 
+    /// Sends a request and waits (GIL released) for its outcome.
+    #[pyo3(signature = (to, payload, tensors, timeout_s, keep))]
+    fn call_wait(
+        &self,
+        py: Python<'_>,
+        to: usize,
+        payload: &[u8],
+        tensors: Vec<(usize, usize)>,
+        timeout_s: f64,
+        keep: Py<PyAny>,
+    ) -> PyResult<RpcMessage> {
+        let bufs = bufs(&tensors)?;
+        let timeout = (timeout_s > 0.0).then(|| Duration::from_secs_f64(timeout_s));
+        let msg = run(py, move || {
+            // SAFETY: the caller keeps every tensor alive and unmodified
+            // until this returns (`keep` holds them past the copy).
+            let slices: Vec<&[u8]> = bufs.iter().map(|b| unsafe { b.slice() }).collect();
+            self.inner
+                .call_wait(to, payload, &slices, timeout, Box::new(keep))
+        })?;
+        Ok(RpcMessage::new(msg))
+    }
+
     /// Answers a request (`status`: 0 result, 1 exception).
     #[pyo3(signature = (reply, status, payload, tensors, keep))]
     fn respond(

@@ -1,9 +1,15 @@
 //! The RPC agent of one worker: a listener that admits connections carrying
-//! the job's token, one reader thread per connection, two bounded thread
-//! pools (one runs incoming requests, one completes the caller's pending
-//! calls, so a request that blocks on a nested call never starves the
-//! completion of that call), and the table of pending calls with their
+//! the job's token, one reader per connection, at most `request_threads`
+//! requests running at once, a small pool that completes the caller's
+//! asynchronous calls (so a request that blocks on a nested call never starves
+//! the completion of that call), and the table of pending calls with their
 //! deadlines.
+//!
+//! Leader/follower: the thread that reads a request runs it itself, after
+//! handing the reading of its connection to another thread, so a request
+//! starts without a thread switch. Responses arrive only on connections this
+//! worker dialled and requests only on the ones it accepted, so a request
+//! blocked on a nested call never holds up the response it waits for.
 //!
 //! The agent moves opaque payloads and raw tensor bytes; what a payload
 //! means (function, arguments, RRef protocol) is the embedder's business,
@@ -34,6 +40,8 @@ use std::time::{Duration, Instant};
 const HELLO_MAGIC: u64 = 0x5249_4e47_5250_4301; // "RINGRPC\x01"
 const HELLO_BYTES: usize = 32;
 const TIMER_SLICE: Duration = Duration::from_millis(5);
+/// Destinations at least this large are backed by huge pages before a fetch.
+const HUGE_PAGE_MIN: usize = 4 << 20;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -56,6 +64,7 @@ pub type KeepAlive = Box<dyn Any + Send>;
 struct Conn {
     peer: usize,
     pid: u32,
+    outgoing: bool,
     stream: TcpStream,
     writer: Mutex<TcpStream>,
 }
@@ -134,6 +143,9 @@ impl Incoming {
                 d.len,
                 dst.len()
             )));
+        }
+        if dst.len() >= HUGE_PAGE_MIN {
+            sys::advise_huge_pages(dst);
         }
         match d.place {
             Place::Inline => {
@@ -215,9 +227,99 @@ impl Pool {
     }
 }
 
+/// Where a call's outcome goes.
+enum Waiter {
+    /// To [`Handler::response`] on a completion thread.
+    Handler,
+    /// To a thread blocked in [`Agent::call_wait`].
+    Slot(Arc<Slot>),
+}
+
+#[derive(Default)]
+struct Slot {
+    msg: Mutex<Option<Incoming>>,
+    ready: Condvar,
+}
+
+/// Threads for connection readers (and the requests they run): every job
+/// gets a thread at once (an idle one or a new one), so a connection is never
+/// left unread while its reader's thread runs a request.
+struct IoPool {
+    state: Mutex<IoState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct IoState {
+    jobs: std::collections::VecDeque<Job>,
+    idle: usize,
+    closed: bool,
+}
+
+impl IoPool {
+    fn submit(self: &Arc<Self>, job: Job) -> std::result::Result<(), Job> {
+        let mut st = lock(&self.state);
+        if st.idle > st.jobs.len() {
+            st.jobs.push_back(job);
+            self.wake.notify_one();
+            return Ok(());
+        }
+        drop(st);
+        let me = self.clone();
+        let slot = Arc::new(Mutex::new(Some(job)));
+        let taken = slot.clone();
+        let spawned = thread::Builder::new()
+            .name("ringlet-rpc-io".into())
+            .spawn(move || {
+                if let Some(j) = lock(&taken).take() {
+                    j();
+                }
+                me.work();
+            });
+        match spawned {
+            Ok(_) => Ok(()),
+            Err(_) => lock(&slot).take().map_or(Ok(()), Err),
+        }
+    }
+
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut st = lock(&self.state);
+                st.idle += 1;
+                while st.jobs.is_empty() && !st.closed {
+                    st = match self.wake.wait(st) {
+                        Ok(g) => g,
+                        Err(p) => p.into_inner(),
+                    };
+                }
+                st.idle -= 1;
+                match st.jobs.pop_front() {
+                    Some(j) => j,
+                    None => return,
+                }
+            };
+            job();
+        }
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.wake.notify_all();
+    }
+}
+
+/// Requests running, and those waiting for a free slot.
+#[derive(Default)]
+struct RequestQueue {
+    running: usize,
+    waiting: std::collections::VecDeque<Incoming>,
+}
+
 struct Pending {
     to: usize,
     deadline: Option<Instant>,
+    waiter: Waiter,
 }
 
 struct Peer {
@@ -238,7 +340,9 @@ struct Inner {
     next_id: AtomicU64,
     closing: AtomicBool,
     refused: AtomicU64,
-    requests: Pool,
+    io: Arc<IoPool>,
+    queue: Mutex<RequestQueue>,
+    max_running: usize,
     completions: Pool,
     single_copy_min: usize,
 }
@@ -292,7 +396,12 @@ impl Agent {
             next_id: AtomicU64::new(1),
             closing: AtomicBool::new(false),
             refused: AtomicU64::new(0),
-            requests: Pool::new("ringlet-rpc-req", cfg.request_threads)?,
+            io: Arc::new(IoPool {
+                state: Mutex::new(IoState::default()),
+                wake: Condvar::new(),
+            }),
+            queue: Mutex::new(RequestQueue::default()),
+            max_running: cfg.request_threads.max(1),
             completions: Pool::new("ringlet-rpc-done", cfg.completion_threads)?,
             single_copy_min: cfg.single_copy_min,
         });
@@ -343,6 +452,50 @@ impl Agent {
         timeout: Option<Duration>,
         keep: KeepAlive,
     ) -> Result<u64> {
+        self.start_call(to, payload, tensors, timeout, keep, Waiter::Handler)
+    }
+
+    /// As [`Agent::call`], but blocks the calling thread until the outcome
+    /// arrives and returns it (no completion thread involved: the reader
+    /// thread hands the response straight over).
+    pub fn call_wait(
+        &self,
+        to: usize,
+        payload: &[u8],
+        tensors: &[&[u8]],
+        timeout: Option<Duration>,
+        keep: KeepAlive,
+    ) -> Result<Incoming> {
+        let slot = Arc::new(Slot::default());
+        self.start_call(
+            to,
+            payload,
+            tensors,
+            timeout,
+            keep,
+            Waiter::Slot(slot.clone()),
+        )?;
+        let mut g = lock(&slot.msg);
+        loop {
+            if let Some(m) = g.take() {
+                return Ok(m);
+            }
+            g = match slot.ready.wait(g) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+        }
+    }
+
+    fn start_call(
+        &self,
+        to: usize,
+        payload: &[u8],
+        tensors: &[&[u8]],
+        timeout: Option<Duration>,
+        keep: KeepAlive,
+        waiter: Waiter,
+    ) -> Result<u64> {
         let inner = &self.inner;
         if inner.closing.load(Ordering::Acquire) {
             return Err(Error::Rpc("the RPC agent has shut down".into()));
@@ -354,6 +507,7 @@ impl Agent {
             Pending {
                 to,
                 deadline: timeout.map(|t| Instant::now() + t),
+                waiter,
             },
         );
         if let Err(e) = inner.send(&conn, Kind::Request, status::OK, id, payload, tensors, keep) {
@@ -412,12 +566,11 @@ impl Agent {
                 status::SHUTDOWN,
                 "the RPC agent shut down before the call completed".into(),
             );
-            let h = inner.handler.clone();
-            inner.completions.submit(Box::new(move || h.response(msg)));
+            inner.complete(p.waiter, msg);
         }
         lock(&inner.pins).clear();
         inner.timer.notify_all();
-        inner.requests.close();
+        inner.io.close();
         inner.completions.close();
     }
 }
@@ -510,6 +663,7 @@ impl Inner {
         let conn = Arc::new(Conn {
             peer,
             pid,
+            outgoing,
             stream: s,
             writer: Mutex::new(writer),
         });
@@ -521,7 +675,7 @@ impl Inner {
         let c = conn.clone();
         thread::Builder::new()
             .name(format!("ringlet-rpc-read-{peer}"))
-            .spawn(move || me.read_loop(c, reader, outgoing))
+            .spawn(move || me.read_loop(c, reader, false))
             .map_err(|e| Error::io("spawn an RPC reader", e))?;
         Ok(conn)
     }
@@ -621,8 +775,9 @@ impl Inner {
         })
     }
 
-    fn read_loop(self: Arc<Self>, conn: Arc<Conn>, mut s: TcpStream, outgoing: bool) {
-        if !outgoing {
+    fn read_loop(self: Arc<Self>, conn: Arc<Conn>, mut s: TcpStream, greeted: bool) {
+        let outgoing = conn.outgoing;
+        if !greeted && !outgoing {
             // Answer the greeting with ours (carries our pid).
             if conn.write_frame(&[&hello(self.token, self.rank)]).is_err() {
                 return;
@@ -630,7 +785,24 @@ impl Inner {
         }
         let why = loop {
             match self.read_one(&conn, &mut s) {
-                Ok(()) => {}
+                Ok(None) => {}
+                Ok(Some(req)) => {
+                    // Another thread goes on reading; this one runs the request.
+                    let me = self.clone();
+                    let c = conn.clone();
+                    let next: Job = Box::new(move || me.read_loop(c, s, true));
+                    match self.io.submit(next) {
+                        Ok(()) => {
+                            self.run_request(req);
+                            return;
+                        }
+                        Err(job) => {
+                            // No thread to be had: queue the request, read on here.
+                            lock(&self.queue).waiting.push_back(req);
+                            return job();
+                        }
+                    }
+                }
                 Err(e) => break e,
             }
         };
@@ -651,35 +823,71 @@ impl Inner {
         }
     }
 
+    /// Runs `msg`, then any requests that queued meanwhile, keeping at most
+    /// `max_running` requests running at once.
+    fn run_request(&self, msg: Incoming) {
+        {
+            let mut q = lock(&self.queue);
+            if q.running >= self.max_running {
+                q.waiting.push_back(msg);
+                return;
+            }
+            q.running += 1;
+        }
+        let mut next = Some(msg);
+        while let Some(m) = next {
+            self.handler.request(m);
+            let mut q = lock(&self.queue);
+            next = q.waiting.pop_front();
+            if next.is_none() {
+                q.running -= 1;
+            }
+        }
+    }
+
+    /// Delivers a call's outcome to whoever waits for it.
+    fn complete(&self, waiter: Waiter, msg: Incoming) {
+        match waiter {
+            Waiter::Handler => {
+                let h = self.handler.clone();
+                self.completions.submit(Box::new(move || h.response(msg)));
+            }
+            Waiter::Slot(slot) => {
+                *lock(&slot.msg) = Some(msg);
+                slot.ready.notify_all();
+            }
+        }
+    }
+
     /// Fails every pending call to `peer`.
     fn fail_peer(&self, peer: usize, why: &str) {
-        let ids: Vec<u64> = {
+        let failed: Vec<(u64, Pending)> = {
             let mut p = lock(&self.pending);
             let ids: Vec<u64> = p
                 .iter()
                 .filter(|(_, v)| v.to == peer)
                 .map(|(k, _)| *k)
                 .collect();
-            for id in &ids {
-                p.remove(id);
-            }
-            ids
+            ids.into_iter()
+                .filter_map(|id| p.remove(&id).map(|v| (id, v)))
+                .collect()
         };
-        for id in ids {
+        for (id, p) in failed {
             let msg = Incoming::local_failure(id, peer, status::PEER_LOST, why.to_string());
-            let h = self.handler.clone();
-            self.completions.submit(Box::new(move || h.response(msg)));
+            self.complete(p.waiter, msg);
         }
     }
 
-    fn read_one(&self, conn: &Arc<Conn>, s: &mut TcpStream) -> Result<()> {
+    /// Reads one frame: a request is returned to be run, anything else is
+    /// delivered here.
+    fn read_one(&self, conn: &Arc<Conn>, s: &mut TcpStream) -> Result<Option<Incoming>> {
         let peer = conn.peer;
         let mut hb = [0u8; HEADER_BYTES];
         s.read_exact(&mut hb).map_err(|e| lost(peer, "read", e))?;
         let h = Header::decode(&hb)?;
         if h.kind == Kind::Ack {
             lock(&self.pins).remove(&(peer, h.status, h.id));
-            return Ok(());
+            return Ok(None);
         }
         let mut payload = vec![0u8; h.payload_len as usize];
         s.read_exact(&mut payload)
@@ -719,35 +927,32 @@ impl Inner {
             }),
             kind: h.kind,
         };
-        let handler = self.handler.clone();
-        match h.kind {
-            Kind::Request => self.requests.submit(Box::new(move || handler.request(msg))),
-            _ => {
-                // A response nobody waits for any more (timed out) is dropped,
-                // which still acknowledges its tensors.
-                if lock(&self.pending).remove(&h.id).is_some() {
-                    self.completions
-                        .submit(Box::new(move || handler.response(msg)));
-                }
-            }
+        if h.kind == Kind::Request {
+            return Ok(Some(msg));
         }
-        Ok(())
+        // A response nobody waits for any more (timed out) is dropped, which
+        // still acknowledges its tensors.
+        let waiting = lock(&self.pending).remove(&h.id);
+        if let Some(p) = waiting {
+            self.complete(p.waiter, msg);
+        }
+        Ok(None)
     }
 
     fn expire_loop(self: Arc<Self>) {
         let mut pending = lock(&self.pending);
         while !self.closing.load(Ordering::Acquire) {
             let now = Instant::now();
-            let expired: Vec<(u64, usize)> = pending
+            let expired: Vec<u64> = pending
                 .iter()
                 .filter(|(_, p)| p.deadline.is_some_and(|d| d <= now))
-                .map(|(k, p)| (*k, p.to))
+                .map(|(k, _)| *k)
                 .collect();
-            for (id, to) in expired {
-                pending.remove(&id);
-                let msg = Incoming::local_failure(id, to, status::TIMEOUT, String::new());
-                let h = self.handler.clone();
-                self.completions.submit(Box::new(move || h.response(msg)));
+            for id in expired {
+                if let Some(p) = pending.remove(&id) {
+                    let msg = Incoming::local_failure(id, p.to, status::TIMEOUT, String::new());
+                    self.complete(p.waiter, msg);
+                }
             }
             pending = match self.timer.wait_timeout(pending, TIMER_SLICE) {
                 Ok((g, _)) => g,
