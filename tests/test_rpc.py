@@ -199,7 +199,7 @@ def _scenario(rank: int, world: int, rpc_name: str, port: int) -> dict[str, Any]
             out["rref_third"] = rpc.rpc_sync(last, _rref_sum, args=(res,))
         # Many calls in flight, and many threads at once.
         futs = [rpc.rpc_async(nxt, torch.add, args=(torch.full((2,), float(i)), 1))
-                for i in range(1500)]
+                for i in range(2500)]
         out["in_flight"] = sum(float(f.wait()[0]) for f in futs)
         results: dict[int, list[int]] = {}
 
@@ -243,7 +243,7 @@ def test_same_as_torch(world: int) -> None:
         assert got["remote_exc_type"] == "ValueError"
         assert got["timeout"] == (True, True, True)
         assert got["echo"] and got["rref_confirmed"]
-        assert got["in_flight"] == sum(i + 1.0 for i in range(1500))
+        assert got["in_flight"] == sum(i + 1.0 for i in range(2500))
 
 
 # --------------------------------------------------------- ringlet-only

@@ -86,12 +86,17 @@ def _run(rank: int, world: int, addr: str, port: int, rounds: int) -> None:
     import ringlet.rpc as rrpc
     from ringlet.bench_rpc import echo, noop  # by module name, not __main__
 
+    # Under torchrun both rendezvous through its store (env://); spawned
+    # processes use two fresh ports.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     trpc.init_rpc(f"w{rank}", rank=rank, world_size=world,
                   rpc_backend_options=trpc.TensorPipeRpcBackendOptions(
-                      init_method=f"tcp://{addr}:{port}", rpc_timeout=300))
+                      init_method="env://" if agent else f"tcp://{addr}:{port}",
+                      rpc_timeout=300))
     rrpc.init_rpc(f"w{rank}", rank=rank, world_size=world,
                   rpc_backend_options=rrpc.RpcBackendOptions(
-                      init_method=f"tcp://{addr}:{port + 1}", rpc_timeout=300))
+                      init_method="env://" if agent else f"tcp://{addr}:{port + 1}",
+                      rpc_timeout=300))
     if rank == 0:
         sides = {"torch.distributed.rpc": trpc, "ringlet.rpc": rrpc}
         res: dict[tuple[str, str], list[float]] = collections.defaultdict(list)

@@ -152,19 +152,21 @@ def _store_for(init_method: str, rank: int, world: int, timeout: float) -> tuple
     from .. import runtime
 
     if init_method.startswith("tcp://"):
+        from torch.distributed import TCPStore
+
         host, _, port = init_method[len("tcp://"):].rpartition(":")
-        addr, p = host.strip("[]"), int(port)
-    elif init_method == "env://":
-        addr = os.environ.get("MASTER_ADDR") or ""
-        p_raw = os.environ.get("MASTER_PORT") or ""
-        if not addr or not p_raw:
-            raise ValueError(
-                "init_rpc with init_method='env://' needs MASTER_ADDR and MASTER_PORT set"
-            )
-        p = int(p_raw)
-    else:
+        # An explicit address: rank 0 hosts the store (torchrun's agent store
+        # lives at MASTER_PORT, not here).
+        store = TCPStore(host.strip("[]"), int(port), world, rank == 0,
+                         timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True)
+        return store, rank == 0
+    if init_method != "env://":
         raise ValueError(f"unsupported init_method {init_method!r} (use env:// or tcp://host:port)")
-    store = runtime._make_store(addr, p, rank, world, timeout)
+    addr = os.environ.get("MASTER_ADDR") or ""
+    p_raw = os.environ.get("MASTER_PORT") or ""
+    if not addr or not p_raw:
+        raise ValueError("init_rpc with init_method='env://' needs MASTER_ADDR and MASTER_PORT set")
+    store = runtime._make_store(addr, int(p_raw), rank, world, timeout)
     hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     return store, hosts
 
