@@ -171,6 +171,12 @@ def _store_for(init_method: str, rank: int, world: int, timeout: float) -> tuple
     return store, hosts
 
 
+def _single_copy_min() -> int:
+    if os.environ.get("RINGLET_CMA", "1") in ("0", "false", "False"):
+        return 1 << 62  # never: every tensor travels inline
+    return int(os.environ.get("RINGLET_RPC_SINGLE_COPY_MIN", 64 << 10))
+
+
 def init_rpc(
     name: str,
     backend: Optional[BackendType] = None,
@@ -241,7 +247,7 @@ def init_rpc(
             rank, token, "0.0.0.0:0", _on_request, _on_response,
             request_threads=threads,
             completion_threads=4,
-            single_copy_min=int(os.environ.get("RINGLET_RPC_SINGLE_COPY_MIN", 64 << 10)),
+            single_copy_min=_single_copy_min(),
         )
         me = {"name": name, "addr": f"{ip}:{agent.port}", "host": runtime._host_id()}
         store.set(f"{prefix}/worker/{rank}", json.dumps(me))
