@@ -10,6 +10,7 @@ response is the pickled result or a description of the remote exception.
 
 from __future__ import annotations
 
+import atexit
 import io
 import itertools
 import json
@@ -109,6 +110,7 @@ class _State:
 
 
 _state: Optional[_State] = None
+_atexit_registered = False
 _init_lock = threading.Lock()
 _local = threading.local()
 
@@ -283,6 +285,9 @@ def init_rpc(
             hosts_store=hosts_store,
         )
         _rref._start()
+        if not _atexit_registered:
+            atexit.register(_exit_shutdown)
+            globals()["_atexit_registered"] = True
         # Every worker is reachable before anyone calls.
         _store_barrier(_state, "init", wait)
 
@@ -903,3 +908,13 @@ def _leave_store(store: Any, key: str, n: int, hosts_store: bool, wait: float) -
 
 
 _ids = itertools.count()
+
+
+def _exit_shutdown() -> None:
+    """At interpreter exit: close the agent (no waiting) so that no agent
+    thread calls into a finalising interpreter."""
+    if _state is not None:
+        try:
+            shutdown(graceful=False)
+        except Exception:
+            pass

@@ -108,6 +108,7 @@ pub struct Incoming {
     data: Vec<u8>,
     reply: Option<ReplyTo>,
     kind: Kind,
+    pool: Option<Arc<BufPool>>,
 }
 
 impl Incoming {
@@ -122,6 +123,7 @@ impl Incoming {
             data: Vec::new(),
             reply: None,
             kind: Kind::Response,
+            pool: None,
         }
     }
 
@@ -170,6 +172,9 @@ impl Incoming {
 
 impl Drop for Incoming {
     fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.give(std::mem::take(&mut self.data));
+        }
         // Tensors fetched (or abandoned): let the sender release their memory.
         if self.descs.iter().any(|d| d.place != Place::Inline) {
             if let Some(r) = &self.reply {
@@ -183,6 +188,42 @@ impl Drop for Incoming {
                 };
                 let _ = r.conn.write_frame(&[&h.encode()]);
             }
+        }
+    }
+}
+
+/// Receive buffers for inline tensor bytes, kept for reuse: fresh memory
+/// costs a page fault per 4 KiB on first touch, which for large messages
+/// costs more than the copy itself.
+#[derive(Default)]
+struct BufPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+const POOL_MIN: usize = 64 << 10;
+const POOL_MAX_BUFS: usize = 8;
+const POOL_MAX_BYTES: usize = 256 << 20;
+
+impl BufPool {
+    /// A buffer of at least `n` bytes (its length may exceed `n`).
+    fn take(&self, n: usize) -> Vec<u8> {
+        if n >= POOL_MIN {
+            let mut free = lock(&self.free);
+            if let Some(i) = free.iter().position(|b| b.len() >= n && b.len() <= 2 * n) {
+                return free.swap_remove(i);
+            }
+        }
+        vec![0u8; n]
+    }
+
+    fn give(&self, buf: Vec<u8>) {
+        if buf.len() < POOL_MIN || buf.len() > POOL_MAX_BYTES / 2 {
+            return;
+        }
+        let mut free = lock(&self.free);
+        let held: usize = free.iter().map(|b| b.len()).sum();
+        if free.len() < POOL_MAX_BUFS && held + buf.len() <= POOL_MAX_BYTES {
+            free.push(buf);
         }
     }
 }
@@ -341,6 +382,7 @@ struct Inner {
     closing: AtomicBool,
     refused: AtomicU64,
     io: Arc<IoPool>,
+    bufs: Arc<BufPool>,
     queue: Mutex<RequestQueue>,
     max_running: usize,
     completions: Pool,
@@ -400,6 +442,7 @@ impl Agent {
                 state: Mutex::new(IoState::default()),
                 wake: Condvar::new(),
             }),
+            bufs: Arc::new(BufPool::default()),
             queue: Mutex::new(RequestQueue::default()),
             max_running: cfg.request_threads.max(1),
             completions: Pool::new("ringlet-rpc-done", cfg.completion_threads)?,
@@ -910,8 +953,8 @@ impl Inner {
                 }
             }
         }
-        let mut data = vec![0u8; h.inline_total as usize];
-        s.read_exact(&mut data)
+        let mut data = self.bufs.take(h.inline_total as usize);
+        s.read_exact(&mut data[..h.inline_total as usize])
             .map_err(|e| lost(peer, "read (truncated message)", e))?;
         let msg = Incoming {
             id: h.id,
@@ -926,6 +969,7 @@ impl Inner {
                 id: h.id,
             }),
             kind: h.kind,
+            pool: Some(self.bufs.clone()),
         };
         if h.kind == Kind::Request {
             return Ok(Some(msg));
