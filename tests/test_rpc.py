@@ -272,6 +272,16 @@ def _relay(to: str) -> Any:
     return rrpc.rpc_sync(to, _exit_now)
 
 
+def _good_header(payload_len: int) -> bytes:
+    """A valid request header (same check word as rust/ringlet-core/src/rpc/frame.rs)."""
+    words = [1, 0, 7, payload_len, 0, 0]
+    x = 0x9E3779B97F4A7C15
+    for w in words:
+        x = ((x ^ w) * 0x100000001B3) & (2**64 - 1)
+        x = ((x << 29) | (x >> 35)) & (2**64 - 1)
+    return struct.pack("<IBBHQQIIQQ", 0x52504331, 1, 0, 0, 7, payload_len, 0, 0, 0, x)
+
+
 def _ringlet_only(rank: int, world: int, port: int) -> dict[str, Any]:
     from ringlet.rpc import rref as rref_mod
 
@@ -302,6 +312,18 @@ def _ringlet_only(rank: int, world: int, port: int) -> dict[str, Any]:
             out["bad_token_eof"] = s.recv(16) == b""
         out["refused"] = rrpc.rpc_sync("w1", _refused) - before
         out["after_refused"] = rrpc.rpc_sync("w1", min, args=(7, 5))
+        # With the token: garbage after the greeting, then a truncated frame.
+        st = rrpc.api._require()
+        token = int(bytes(st.store.get(f"{st.prefix}/token")).decode())
+        hello = struct.pack("<4Q", 0x5249_4E47_5250_4301, token, 0, os.getpid())
+        for junk in (b"\xff" * 48, _good_header(payload_len=1000) + b"\x80\x05 only part"):
+            with socket.create_connection(("127.0.0.1", port1), timeout=10) as s:
+                s.sendall(hello)
+                s.recv(32)  # the server's greeting
+                s.sendall(junk)
+                if junk[0] == 0xFF:
+                    out["garbage_closed"] = s.recv(16) == b""
+        out["after_junk"] = rrpc.rpc_sync("w1", min, args=(8, 9))
         # A worker that dies fails the calls that depend on it, everywhere.
         victim = rrpc.remote("w2", torch.ones, args=(2,))
         victim.to_here()
@@ -344,6 +366,7 @@ def test_ringlet_only_refcount_frames_token_faults() -> None:
     assert r["malformed"][1] is True
     assert r["after_malformed"] == 4
     assert r["bad_token_eof"] and r["refused"] == 1 and r["after_refused"] == 5
+    assert r["garbage_closed"] and r["after_junk"] == 8
     _name, is_rt, text = r["relay"]
     assert is_rt and "w2" in text, r["relay"]
     assert r["direct"][1] is True
