@@ -9,7 +9,7 @@ Only processes that know the job's token (handed out through the job's
 key-value store) can connect.
 """
 
-from . import functions
+from . import autograd, functions, optim
 from .api import (
     UNSET_RPC_TIMEOUT,
     WorkerInfo,
@@ -37,10 +37,12 @@ __all__ = [
     "TensorPipeRpcBackendOptions",
     "WorkerInfo",
     "_get_current_rpc_agent",
+    "autograd",
     "functions",
     "get_worker_info",
     "init_rpc",
     "is_available",
+    "optim",
     "remote",
     "rpc_async",
     "rpc_sync",

@@ -393,6 +393,9 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
         d = d.contiguous()
     out: list[torch.Tensor] = _local.out
     out.append(d)
+    grad_out = getattr(_local, "grad_out", None)
+    if grad_out is not None and t.requires_grad:
+        grad_out.append(t)  # still attached to its graph: distributed autograd's send
     return (_rebuild_tensor, (len(out) - 1, t.dtype, tuple(t.shape), bool(t.requires_grad),
                               isinstance(t, torch.nn.Parameter)))
 
@@ -407,9 +410,12 @@ def _rebuild_tensor(i: int, dtype: torch.dtype, shape: tuple[int, ...], requires
     if nbytes:
         msg.fetch(i, out.data_ptr(), nbytes)
     if is_param:
-        return torch.nn.Parameter(out, requires_grad=requires_grad)
-    if requires_grad:
+        out = torch.nn.Parameter(out, requires_grad=requires_grad)
+    elif requires_grad:
         out.requires_grad_(True)
+    recv = getattr(_local, "recv", None)
+    if recv is not None and requires_grad:
+        recv.append(out)  # distributed autograd's recv: a new leaf
     return out
 
 
@@ -440,28 +446,51 @@ def _dispatch_table() -> dict[Any, Any]:
     return table
 
 
-def _dumps(obj: Any, dest: int) -> tuple[bytes, list[torch.Tensor]]:
+def _dumps(obj: Any, dest: int, grad_out: Optional[list[torch.Tensor]] = None,
+           ) -> tuple[bytes, list[torch.Tensor]]:
     if not _Pickler.dispatch_table:
         _Pickler.dispatch_table = _dispatch_table()
-    prev = (getattr(_local, "out", None), getattr(_local, "dest", None))
+    prev = (getattr(_local, "out", None), getattr(_local, "dest", None),
+            getattr(_local, "grad_out", None))
     tensors: list[torch.Tensor] = []
-    _local.out, _local.dest = tensors, dest
+    _local.out, _local.dest, _local.grad_out = tensors, dest, grad_out
     try:
         f = io.BytesIO()
         _Pickler(f, 5).dump(obj)
         return f.getvalue(), tensors
     finally:
-        _local.out, _local.dest = prev
+        _local.out, _local.dest, _local.grad_out = prev
 
 
 def _loads(msg: Any) -> Any:
-    prev = (getattr(_local, "msg", None), getattr(_local, "lens", None))
-    _local.msg, _local.lens = msg, msg.tensor_lens
+    return _loads_leaves(msg)[0]
+
+
+def _loads_leaves(msg: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Unpickles a message; also returns the received tensors that require
+    grad (distributed autograd's recv leaves)."""
+    prev = (getattr(_local, "msg", None), getattr(_local, "lens", None),
+            getattr(_local, "recv", None))
+    leaves: list[torch.Tensor] = []
+    _local.msg, _local.lens, _local.recv = msg, msg.tensor_lens, leaves
     try:
-        return pickle.loads(msg.payload())
+        return pickle.loads(msg.payload()), leaves
     finally:
-        _local.msg, _local.lens = prev
+        _local.msg, _local.lens, _local.recv = prev
         msg.release()
+
+
+class _CtxResult:
+    """A response inside a distributed autograd context: the value and the key
+    under which the responder recorded its send."""
+
+    __slots__ = ("cid", "key", "value")
+
+    def __init__(self, cid: int, key: Any, value: Any) -> None:
+        self.cid, self.key, self.value = cid, key, value
+
+    def __reduce__(self) -> Any:
+        return (_CtxResult, (self.cid, self.key, self.value))
 
 
 def _tensor_bufs(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
@@ -483,13 +512,23 @@ def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, 
     if st.agent is None:
         raise RuntimeError("RPC agent is shut down")
     t = _timeout_of(st, timeout)
+    from . import autograd as _autograd
+
+    cid = _autograd._current_id()
+    grad_out: Optional[list[torch.Tensor]] = None
+    if cid is not None and body[0] in ("call", "remote"):
+        key = (st.me.id, next(_ids))
+        body = ("ctx", cid, key, body)
+        grad_out = []
     prev = (getattr(_local, "dest_name", None), getattr(_local, "keep", None))
     _local.dest_name, _local.keep = to.name, []
     try:
-        payload, tensors = _dumps(body, to.id)
+        payload, tensors = _dumps(body, to.id, grad_out)
         kept = _local.keep
     finally:
         _local.dest_name, _local.keep = prev
+    if grad_out is not None:
+        _autograd._record_send(cid, key, to.id, grad_out)  # type: ignore[arg-type]
     return st, t, payload, tensors, kept
 
 
@@ -660,19 +699,28 @@ def _exception_payload(st: _State, e: BaseException) -> bytes:
         return pickle.dumps((None, text))
 
 
-def _reply(st: _State, reply: Any, ok: bool, value: Any) -> None:
+def _reply(st: _State, reply: Any, ok: bool, value: Any, cid: Optional[int] = None) -> None:
     agent = st.agent
     if agent is None:
         return
     if ok:
+        grad_out: Optional[list[torch.Tensor]] = None
+        if cid is not None:
+            key = (st.me.id, next(_ids))
+            value = _CtxResult(cid, key, value)
+            grad_out = []
         prev = (getattr(_local, "dest_name", None), getattr(_local, "keep", None))
         _local.dest_name, _local.keep = st.workers[reply.peer].name, None
         try:
-            payload, tensors = _dumps(value, reply.peer)
+            payload, tensors = _dumps(value, reply.peer, grad_out)
         except BaseException as e:
             ok, value = False, e
         finally:
             _local.dest_name, _local.keep = prev
+        if ok and grad_out is not None:
+            from . import autograd as _autograd
+
+            _autograd._record_send(cid, key, reply.peer, grad_out)  # type: ignore[arg-type]
     if not ok:
         payload, tensors = _exception_payload(st, value), []
     try:
@@ -682,16 +730,14 @@ def _reply(st: _State, reply: Any, ok: bool, value: Any) -> None:
         pass  # the caller is gone; its side reports the loss
 
 
-def _reply_when_done(st: _State, reply: Any, fut: Any, then: Optional[Callable] = None) -> None:
+def _reply_when_done(st: _State, reply: Any, fut: Any, cid: Optional[int] = None) -> None:
     def done(f: Future) -> None:
         try:
             v = f.wait()
-            if then is not None:
-                v = then(v)
         except BaseException as e:
             _reply(st, reply, False, e)
         else:
-            _reply(st, reply, True, v)
+            _reply(st, reply, True, v, cid)
         _finish(st)
 
     fut.add_done_callback(done)
@@ -728,28 +774,34 @@ def _on_request(msg: Any) -> None:
         st.active += 1
     try:
         try:
-            body = _loads(msg)
+            body, leaves = _loads_leaves(msg)
             kind = body[0]
         except Exception as e:
             _reply(st, reply, False, RuntimeError(
                 f"malformed RPC message from {st.workers[reply.peer].name}: {e}"))
             _finish(st)
             return
+        from . import autograd as _autograd
+
+        cid = None
+        if kind == "ctx":
+            _, cid, key, body = body
+            kind = body[0]
+            _autograd._record_recv(cid, reply.peer, key, leaves)
         try:
-            if kind == "call":
-                is_async, out = _run_call(*body[1:])
-                if is_async:
-                    _reply_when_done(st, reply, out)
-                    return
-            else:
-                out = _rref._handle(kind, body, reply.peer)
-                if isinstance(out, (Future, torch._C.Future)):
-                    _reply_when_done(st, reply, out)
-                    return
+            with _autograd._using(cid):
+                if kind == "call":
+                    is_async, out = _run_call(*body[1:])
+                else:
+                    out = _rref._handle(kind, body, reply.peer)
+                    is_async = isinstance(out, (Future, torch._C.Future))
+            if is_async:
+                _reply_when_done(st, reply, out, cid)
+                return
         except BaseException as e:
             _reply(st, reply, False, e)
         else:
-            _reply(st, reply, True, out)
+            _reply(st, reply, True, out, cid)
         _finish(st)
     except BaseException:  # never let an exception escape into the agent thread
         _finish(st)
@@ -762,7 +814,13 @@ def _outcome(st: _State, to: int, timeout: float, msg: Any) -> tuple[bool, Any]:
     status = msg.status
     try:
         if status == _core.RPC_OK:
-            return True, _loads(msg)
+            value, leaves = _loads_leaves(msg)
+            if isinstance(value, _CtxResult):
+                from . import autograd as _autograd
+
+                _autograd._record_recv(value.cid, to, value.key, leaves)
+                value = value.value
+            return True, value
         if status == _core.RPC_ERROR:
             etype, text = _loads(msg)
             return False, _rebuild_exception(etype, text)
@@ -851,10 +909,12 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
     wait = float(timeout) if timeout and timeout > 0 else max(st.timeout, 60.0)
     try:
         if graceful:
-            _rref._release_all(wait)
+            # Requests from other workers may still use this worker's RRefs
+            # until everyone has arrived and drained: only garbage goes first.
+            _rref._release_all(wait, live=False)
             _store_barrier(st, "shutdown/arrive", wait)
             _drain(st, wait)
-            _rref._release_all(wait)
+            _rref._release_all(wait, live=True)
             _store_barrier(st, "shutdown/drained", wait)
     finally:
         st.shutting_down = True

@@ -400,6 +400,34 @@ class RRef(Generic[T]):
         f.set_result(None)
         return f
 
+    def backward(self, dist_autograd_ctx_id: int = -1, retain_graph: bool = False) -> None:
+        """Runs backward from the value (a scalar tensor) on its owner: plain
+        autograd with ``dist_autograd_ctx_id=-1``, else distributed autograd
+        in that context.
+
+        Args:
+          dist_autograd_ctx_id (int): A distributed autograd context id, or -1.
+          retain_graph (bool): As in ``Tensor.backward``.
+
+        Returns:
+          None.
+
+        Example::
+
+            >>> with dist_autograd.context() as context_id:
+            ...     rref = rpc.remote("worker1", loss_fn, args=(x,))
+            ...     rref.backward(context_id)
+        """
+        from . import autograd as _autograd
+
+        if self.is_owner():
+            _rref_backward(self, dist_autograd_ctx_id, retain_graph)
+            return
+        with _autograd._using(None):
+            _api._send_sync(self.owner(), ("call", _rref_backward,
+                                           (self, dist_autograd_ctx_id, retain_graph), {}),
+                            _api.UNSET_RPC_TIMEOUT, self)
+
     # ------------------------------------------------------------- proxies
     def rpc_sync(self, timeout: float = _api.UNSET_RPC_TIMEOUT) -> Any:
         """A proxy: ``rref.rpc_sync().method(*args)`` runs
@@ -474,6 +502,16 @@ class RRef(Generic[T]):
         return f"{kind}(rref_id=(created_on={self._rid[0]}, local_id={self._rid[1]}){fork})"
 
 
+def _rref_backward(rref: RRef[Any], cid: int, retain_graph: bool) -> None:
+    from . import autograd as _autograd
+
+    value = rref.local_value()
+    if cid == -1:
+        value.backward(retain_graph=retain_graph)
+    else:
+        _autograd.backward(cid, [value], retain_graph)
+
+
 class _Proxy:
     def __init__(self, rref: RRef[Any], mode: str, timeout: float) -> None:
         self._rref = rref
@@ -534,11 +572,13 @@ def _start() -> None:
     _deleter.start()
 
 
-def _release_all(wait: float) -> None:
-    """Deletes every live user RRef and waits until the owners acknowledged."""
+def _release_all(wait: float, live: bool = True) -> None:
+    """Sends the deletions of garbage user RRefs (and, with ``live``, of every
+    user RRef still referenced) and waits until the owners acknowledged."""
     gc.collect()
-    for r in list(_users):
-        r._delete()
+    if live:
+        for r in list(_users):
+            r._delete()
     flushed = threading.Event()
     _del_queue.put(flushed)
     flushed.wait(wait)
