@@ -60,6 +60,10 @@ def _grads_none(m: Any) -> bool:
     return all(p.grad is None for p in m.local_value().parameters())
 
 
+def _num_contexts() -> int:
+    return len(dist_autograd._contexts)
+
+
 def _exit_now() -> None:
     os._exit(3)
 
@@ -100,6 +104,7 @@ def _split_model(rank: int, world: int, port: int) -> dict[str, Any]:
                     out["local_grads"] = len(dist_autograd.get_gradients(cid))
                 opt.step(cid)
         out["finished_ctx"] = _err(lambda: dist_autograd.get_gradients(cid))
+        out["contexts_left"] = [rpc.rpc_sync(f"w{r}", _num_contexts) for r in range(3)]
         out["unknown_ctx"] = _err(lambda: dist_autograd.backward(
             123456789, [torch.ones(1, requires_grad=True).sum()]))
         got = [p.detach().clone() for p in l1.parameters()]
@@ -158,6 +163,7 @@ def test_split_model_equals_local_training() -> None:
     assert r["grad_untouched"] is True
     assert r["local_grads"] == 2  # l1.weight, l1.bias on this worker
     assert r["finished_ctx"][0] == "RuntimeError"
+    assert r["contexts_left"] == [0, 0, 0]
     assert r["unknown_ctx"][0] == "RuntimeError" and "123456789" in r["unknown_ctx"][1]
     assert r["rref_backward"] == [3.0, 3.0, 3.0]
     assert r["dead_backward"][0] == "RuntimeError" and "w2" in r["dead_backward"][1], r

@@ -132,14 +132,20 @@ def _release(cid: int) -> None:
     st = _api._state
     if st is None or st.agent is None:
         return
+    futs = []
     with _using(None):
         for peer in ctx.peers:
             if peer == st.me.id:
                 continue
             try:
-                _api._send(st.workers[peer], ("call", _release, (cid,), {}), 0)
+                futs.append(_api._send(st.workers[peer], ("call", _release, (cid,), {}), 0))
             except Exception:
                 pass  # the peer is gone: nothing to free there
+    for f in futs:  # freed everywhere when the context's `with` block ends
+        try:
+            f.wait()
+        except Exception:
+            pass
 
 
 def _graph_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
