@@ -124,7 +124,9 @@ def context() -> Iterator[int]:
             _release(cid)
 
 
-def _release(cid: int) -> None:
+def _release(cid: int, notified: frozenset[int] = frozenset()) -> None:
+    """Frees a context here and on the peers it exchanged messages with that
+    are not in ``notified`` (already told by whoever told us)."""
     with _lock:
         ctx = _contexts.pop(cid, None)
     if ctx is None:
@@ -132,13 +134,13 @@ def _release(cid: int) -> None:
     st = _api._state
     if st is None or st.agent is None:
         return
+    todo = [p for p in ctx.peers if p != st.me.id and p not in notified]
+    told = notified | set(todo) | {st.me.id}
     futs = []
     with _using(None):
-        for peer in ctx.peers:
-            if peer == st.me.id:
-                continue
+        for peer in todo:
             try:
-                futs.append(_api._send(st.workers[peer], ("call", _release, (cid,), {}), 0))
+                futs.append(_api._send(st.workers[peer], ("call", _release, (cid, told), {}), 0))
             except Exception:
                 pass  # the peer is gone: nothing to free there
     for f in futs:  # freed everywhere when the context's `with` block ends

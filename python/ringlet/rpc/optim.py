@@ -79,8 +79,15 @@ class DistributedOptimizer:
         _autograd._get(context_id)
         with _autograd._using(None):
             futs = [_api.rpc_async(o.owner(), _local_step, args=(o, context_id))
-                    for o in self.remote_optimizers]
+                    for o in self.remote_optimizers if not o.is_owner()]
         errors = []
+        for o in self.remote_optimizers:
+            if o.is_owner():  # this worker's own parameters: no round trip
+                try:
+                    o._get_future().wait()
+                    _local_step(o, context_id)
+                except Exception as e:
+                    errors.append(e)
         for f in futs:
             try:
                 f.wait()
