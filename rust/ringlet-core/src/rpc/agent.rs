@@ -1005,3 +1005,121 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::{channel, Receiver, Sender};
+
+    type Outcome = (u64, u8, Vec<u8>);
+
+    /// Echoes every request (after `delay_ms` from the payload's first byte)
+    /// and forwards every response to a channel.
+    struct Echo {
+        agent: Mutex<Option<Arc<Agent>>>,
+        done: Mutex<Sender<Outcome>>,
+    }
+
+    impl Handler for Echo {
+        fn request(&self, msg: Incoming) {
+            let delay = msg.payload.first().copied().unwrap_or(0);
+            thread::sleep(Duration::from_millis(delay as u64 * 10));
+            let mut bufs: Vec<Vec<u8>> = msg.tensor_lens().iter().map(|n| vec![0; *n]).collect();
+            for (i, b) in bufs.iter_mut().enumerate() {
+                assert!(msg.fetch(i, b).is_ok());
+            }
+            // The keep-alive owns the buffers: a same-host peer reads them
+            // after this function has returned.
+            let bufs = Arc::new(bufs);
+            let slices: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+            let reply = msg.reply_to();
+            let agent = lock(&self.agent).clone();
+            if let (Some(a), Some(r)) = (agent, reply) {
+                let keep = Box::new(bufs.clone());
+                let _ = a.respond(&r, status::OK, &msg.payload, &slices, keep);
+            }
+        }
+
+        fn response(&self, msg: Incoming) {
+            let _ = lock(&self.done).send((msg.id, msg.status, msg.payload.clone()));
+        }
+    }
+
+    fn pair(same_host: bool) -> (Arc<Agent>, Arc<Agent>, Receiver<Outcome>) {
+        let (tx, rx) = channel();
+        let mut agents = Vec::new();
+        for rank in 0..2 {
+            let h = Arc::new(Echo {
+                agent: Mutex::new(None),
+                done: Mutex::new(tx.clone()),
+            });
+            let cfg = AgentConfig {
+                rank,
+                token: 42,
+                request_threads: 4,
+                completion_threads: 1,
+                single_copy_min: 1024,
+            };
+            let a = Arc::new(Agent::start(cfg, "127.0.0.1:0", h.clone()).expect("start"));
+            *lock(&h.agent) = Some(a.clone());
+            agents.push(a);
+        }
+        let addrs: Vec<String> = agents
+            .iter()
+            .map(|a| format!("127.0.0.1:{}", a.port()))
+            .collect();
+        for a in &agents {
+            a.set_peers(addrs.clone(), vec![same_host; 2])
+                .expect("peers");
+        }
+        let b = agents.pop().expect("two");
+        let a = agents.pop().expect("two");
+        (a, b, rx)
+    }
+
+    #[test]
+    fn echo_inline_and_single_copy() {
+        for same_host in [false, true] {
+            let (a, _b, _rx) = pair(same_host);
+            let big: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+            let small = vec![7u8; 10];
+            let got = a
+                .call_wait(1, &[0, 1, 2], &[&big, &small, &[]], None, Box::new(()))
+                .expect("call");
+            assert_eq!(got.status, status::OK);
+            assert_eq!(got.payload, vec![0, 1, 2]);
+            assert_eq!(got.tensor_lens(), vec![big.len(), 10, 0]);
+            let mut back = vec![0u8; big.len()];
+            got.fetch(0, &mut back).expect("fetch");
+            assert_eq!(back, big);
+            a.shutdown();
+        }
+    }
+
+    #[test]
+    fn timeout_and_shutdown_fail_pending_calls() {
+        let (a, b, rx) = pair(false);
+        let id = a
+            .call(1, &[50], &[], Some(Duration::from_millis(50)), Box::new(()))
+            .expect("call");
+        let (got, st, _) = rx.recv_timeout(Duration::from_secs(5)).expect("timeout");
+        assert_eq!((got, st), (id, status::TIMEOUT));
+        // The callee goes away while a call waits: the call fails at once.
+        let id = a.call(1, &[100], &[], None, Box::new(())).expect("call");
+        b.shutdown();
+        let (got, st, _) = rx.recv_timeout(Duration::from_secs(5)).expect("lost");
+        assert_eq!((got, st), (id, status::PEER_LOST));
+        assert!(a.call(1, &[0], &[], None, Box::new(())).is_err());
+    }
+
+    #[test]
+    fn wrong_token_is_refused() {
+        let (a, _b, _rx) = pair(false);
+        let mut s = TcpStream::connect(("127.0.0.1", a.port())).expect("connect");
+        s.write_all(&hello(41, 1)).expect("write");
+        let mut buf = [0u8; 8];
+        assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+        assert_eq!(a.refused(), 1);
+        assert!(a.call_wait(1, &[0], &[], None, Box::new(())).is_ok());
+    }
+}
