@@ -213,8 +213,6 @@ def init_rpc(
     """
     global _state
     from .. import runtime
-    from . import rref as _rref
-
     _validate_name(name)
     if backend is not None and not isinstance(backend, BackendType) and str(backend) not in (
         "BackendType.TENSORPIPE", "TENSORPIPE",
@@ -512,8 +510,6 @@ def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, 
     if st.agent is None:
         raise RuntimeError("RPC agent is shut down")
     t = _timeout_of(st, timeout)
-    from . import autograd as _autograd
-
     cid = _autograd._current_id()
     grad_out: Optional[list[torch.Tensor]] = None
     if cid is not None and body[0] in ("call", "remote"):
@@ -718,8 +714,6 @@ def _reply(st: _State, reply: Any, ok: bool, value: Any, cid: Optional[int] = No
         finally:
             _local.dest_name, _local.keep = prev
         if ok and grad_out is not None:
-            from . import autograd as _autograd
-
             _autograd._record_send(cid, key, reply.peer, grad_out)  # type: ignore[arg-type]
     if not ok:
         payload, tensors = _exception_payload(st, value), []
@@ -764,8 +758,6 @@ def _run_call(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[bool
 
 def _on_request(msg: Any) -> None:
     """Runs on an agent request thread (holding the GIL only while Python runs)."""
-    from . import rref as _rref
-
     st = _state
     if st is None:
         return
@@ -781,8 +773,6 @@ def _on_request(msg: Any) -> None:
                 f"malformed RPC message from {st.workers[reply.peer].name}: {e}"))
             _finish(st)
             return
-        from . import autograd as _autograd
-
         cid = None
         if kind == "ctx":
             _, cid, key, body = body
@@ -816,8 +806,6 @@ def _outcome(st: _State, to: int, timeout: float, msg: Any) -> tuple[bool, Any]:
         if status == _core.RPC_OK:
             value, leaves = _loads_leaves(msg)
             if isinstance(value, _CtxResult):
-                from . import autograd as _autograd
-
                 _autograd._record_recv(value.cid, to, value.key, leaves)
                 value = value.value
             return True, value
@@ -901,8 +889,6 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
         >>> rpc.shutdown()
     """
     global _state
-    from . import rref as _rref
-
     st = _state
     if st is None:
         return
@@ -978,3 +964,8 @@ def _exit_shutdown() -> None:
             shutdown(graceful=False)
         except Exception:
             pass
+
+
+# Imported last: both modules use this one.
+from . import autograd as _autograd  # noqa: E402
+from . import rref as _rref  # noqa: E402
