@@ -39,7 +39,8 @@ use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: u64 = 0x5249_4e47_5250_4301; // "RINGRPC\x01"
 const HELLO_BYTES: usize = 32;
-const TIMER_SLICE: Duration = Duration::from_millis(5);
+/// Longest sleep of the deadline thread.
+const TIMER_IDLE: Duration = Duration::from_millis(200);
 /// Destinations at least this large are backed by huge pages before a fetch.
 const HUGE_PAGE_MIN: usize = 4 << 20;
 
@@ -376,6 +377,8 @@ struct Inner {
     out: Mutex<HashMap<usize, Arc<Conn>>>,
     all: Mutex<Vec<Arc<Conn>>>,
     pending: Mutex<HashMap<u64, Pending>>,
+    /// Earliest deadline among the pending calls (may be stale-early).
+    next_due: Mutex<Option<Instant>>,
     timer: Condvar,
     pins: Mutex<HashMap<(usize, u8, u64), KeepAlive>>,
     next_id: AtomicU64,
@@ -433,6 +436,7 @@ impl Agent {
             out: Mutex::new(HashMap::new()),
             all: Mutex::new(Vec::new()),
             pending: Mutex::new(HashMap::new()),
+            next_due: Mutex::new(None),
             timer: Condvar::new(),
             pins: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
@@ -545,14 +549,27 @@ impl Agent {
         }
         let conn = inner.connection(to)?;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        lock(&inner.pending).insert(
-            id,
-            Pending {
-                to,
-                deadline: timeout.map(|t| Instant::now() + t),
-                waiter,
-            },
-        );
+        let deadline = timeout.map(|t| Instant::now() + t);
+        {
+            // Under the table's lock, so the deadline thread either sees the
+            // new deadline or is already asleep and gets the notification.
+            let mut table = lock(&inner.pending);
+            table.insert(
+                id,
+                Pending {
+                    to,
+                    deadline,
+                    waiter,
+                },
+            );
+            if let Some(d) = deadline {
+                let mut due = lock(&inner.next_due);
+                if due.is_none_or(|cur| d < cur) {
+                    *due = Some(d);
+                    inner.timer.notify_all();
+                }
+            }
+        }
         if let Err(e) = inner.send(&conn, Kind::Request, status::OK, id, payload, tensors, keep) {
             lock(&inner.pending).remove(&id);
             return Err(e);
@@ -983,22 +1000,33 @@ impl Inner {
         Ok(None)
     }
 
+    /// Fails calls past their deadline. The table is scanned only when the
+    /// earliest deadline has passed; in between the thread sleeps until then
+    /// (or until a call with an earlier deadline starts).
     fn expire_loop(self: Arc<Self>) {
         let mut pending = lock(&self.pending);
         while !self.closing.load(Ordering::Acquire) {
             let now = Instant::now();
-            let expired: Vec<u64> = pending
-                .iter()
-                .filter(|(_, p)| p.deadline.is_some_and(|d| d <= now))
-                .map(|(k, _)| *k)
-                .collect();
-            for id in expired {
-                if let Some(p) = pending.remove(&id) {
-                    let msg = Incoming::local_failure(id, p.to, status::TIMEOUT, String::new());
-                    self.complete(p.waiter, msg);
+            let due = *lock(&self.next_due);
+            if due.is_some_and(|d| d <= now) {
+                let expired: Vec<u64> = pending
+                    .iter()
+                    .filter(|(_, p)| p.deadline.is_some_and(|d| d <= now))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for id in expired {
+                    if let Some(p) = pending.remove(&id) {
+                        let msg = Incoming::local_failure(id, p.to, status::TIMEOUT, String::new());
+                        self.complete(p.waiter, msg);
+                    }
                 }
+                *lock(&self.next_due) = pending.values().filter_map(|p| p.deadline).min();
             }
-            pending = match self.timer.wait_timeout(pending, TIMER_SLICE) {
+            let wait = lock(&self.next_due)
+                .map(|d| d.saturating_duration_since(Instant::now()))
+                .unwrap_or(TIMER_IDLE)
+                .clamp(Duration::from_micros(100), TIMER_IDLE);
+            pending = match self.timer.wait_timeout(pending, wait) {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
             };
