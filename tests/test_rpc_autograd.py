@@ -64,8 +64,18 @@ def _num_contexts() -> int:
     return len(dist_autograd._contexts)
 
 
-def _exit_now() -> None:
-    os._exit(3)
+class _DieInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        os._exit(3)  # this worker dies while the backward pass runs through it
+
+
+def _fragile(x: torch.Tensor) -> torch.Tensor:
+    return _DieInBackward.apply(x)
 
 
 _release_w1 = threading.Event()
@@ -126,11 +136,10 @@ def _split_model(rank: int, world: int, port: int) -> dict[str, Any]:
             loss_rref = rpc.remote("w1", torch.sum, args=(w * 3,))
             loss_rref.backward(cid)
             out["rref_backward"] = dist_autograd.get_gradients(cid)[w].tolist()
-        # A worker that dies between forward and backward fails backward, naming it.
+        # A worker that dies in the middle of backward fails it, naming the worker.
         with dist_autograd.context() as cid:
             x = torch.ones(2, requires_grad=True)
-            y = rpc.rpc_sync("w2", torch.mul, args=(x, 2))
-            _err(rpc.rpc_async("w2", _exit_now).wait)  # fails once w2 is gone
+            y = rpc.rpc_sync("w2", _fragile, args=(x,))
             out["dead_backward"] = _err(lambda: dist_autograd.backward(cid, [y.sum()]))
         rpc.rpc_async("w1", _release)
         rpc.shutdown(graceful=False)
