@@ -16,7 +16,32 @@ struct PyHandler {
     on_response: Py<PyAny>,
 }
 
+thread_local! {
+    static PY_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives this agent thread a Python thread state that outlives each call,
+/// so `with_gil` does not create and destroy one per message.
+fn keep_thread_state() {
+    PY_THREAD.with(|done| {
+        if done.get() {
+            return;
+        }
+        done.set(true);
+        // SAFETY: called on an agent thread that does not hold the GIL.
+        // `PyGILState_Ensure` creates this thread's state and takes the GIL;
+        // `PyEval_SaveThread` releases the GIL and keeps the state, whose
+        // ensure-count of one is never released, so later `with_gil` calls
+        // reuse it. The state lives as long as the thread.
+        unsafe {
+            pyo3::ffi::PyGILState_Ensure();
+            pyo3::ffi::PyEval_SaveThread();
+        }
+    });
+}
+
 fn deliver(cb: &Py<PyAny>, msg: Incoming) {
+    keep_thread_state();
     Python::with_gil(|py| {
         let m = RpcMessage::new(msg);
         match Py::new(py, m).and_then(|obj| cb.call1(py, (obj,))) {
