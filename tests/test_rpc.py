@@ -316,7 +316,7 @@ def _ringlet_only(rank: int, world: int, port: int) -> dict[str, Any]:
         st = rrpc.api._require()
         token = int(bytes(st.store.get(f"{st.prefix}/token")).decode())
         hello = struct.pack("<4Q", 0x5249_4E47_5250_4301, token, 0, os.getpid())
-        for junk in (b"\xff" * 48, _good_header(payload_len=1000) + b"\x80\x05 only part"):
+        for junk in (b"\xff" * 48, _good_header(payload_len=1 << 33) + b"\x80\x05 only part"):
             with socket.create_connection(("127.0.0.1", port1), timeout=10) as s:
                 s.sendall(hello)
                 s.recv(32)  # the server's greeting

@@ -207,14 +207,13 @@ const POOL_MAX_BYTES: usize = 256 << 20;
 
 impl BufPool {
     /// A buffer of at least `n` bytes (its length may exceed `n`).
-    fn take(&self, n: usize) -> Vec<u8> {
-        if n >= POOL_MIN {
-            let mut free = lock(&self.free);
-            if let Some(i) = free.iter().position(|b| b.len() >= n && b.len() <= 2 * n) {
-                return free.swap_remove(i);
-            }
+    fn take(&self, n: usize) -> Option<Vec<u8>> {
+        if n < POOL_MIN {
+            return None;
         }
-        vec![0u8; n]
+        let mut free = lock(&self.free);
+        let i = free.iter().position(|b| b.len() >= n && b.len() <= 2 * n)?;
+        Some(free.swap_remove(i))
     }
 
     fn give(&self, buf: Vec<u8>) {
@@ -641,6 +640,23 @@ impl Drop for Agent {
     }
 }
 
+/// Reads exactly `n` bytes into a new vector that grows as the bytes arrive,
+/// so a header announcing a huge length costs nothing until the data exists.
+fn read_vec(s: &mut TcpStream, n: usize) -> std::io::Result<Vec<u8>> {
+    let mut v = Vec::with_capacity(n.min(READ_CHUNK));
+    Read::by_ref(s).take(n as u64).read_to_end(&mut v)?;
+    if v.len() != n {
+        return Err(std::io::Error::new(
+            ErrorKind::UnexpectedEof,
+            format!("{} of {n} bytes", v.len()),
+        ));
+    }
+    Ok(v)
+}
+
+/// Largest allocation made before the bytes it is for have arrived.
+const READ_CHUNK: usize = 64 << 20;
+
 fn read_hello(s: &mut TcpStream) -> Option<[u64; 4]> {
     let mut b = [0u8; HELLO_BYTES];
     s.read_exact(&mut b).ok()?;
@@ -949,12 +965,9 @@ impl Inner {
             lock(&self.pins).remove(&(peer, h.status, h.id));
             return Ok(None);
         }
-        let mut payload = vec![0u8; h.payload_len as usize];
-        s.read_exact(&mut payload)
-            .map_err(|e| lost(peer, "read (truncated message)", e))?;
-        let mut db = vec![0u8; h.ntensors as usize * DESC_BYTES];
-        s.read_exact(&mut db)
-            .map_err(|e| lost(peer, "read (truncated message)", e))?;
+        let truncated = |e| lost(peer, "read (truncated message)", e);
+        let payload = read_vec(s, h.payload_len as usize).map_err(truncated)?;
+        let db = read_vec(s, h.ntensors as usize * DESC_BYTES).map_err(truncated)?;
         let descs = Desc::decode_all(&db, &h)?;
         let mut offsets = Vec::with_capacity(descs.len());
         let mut at = 0usize;
@@ -970,9 +983,14 @@ impl Inner {
                 }
             }
         }
-        let mut data = self.bufs.take(h.inline_total as usize);
-        s.read_exact(&mut data[..h.inline_total as usize])
-            .map_err(|e| lost(peer, "read (truncated message)", e))?;
+        let n = h.inline_total as usize;
+        let data = match self.bufs.take(n) {
+            Some(mut buf) => {
+                s.read_exact(&mut buf[..n]).map_err(truncated)?;
+                buf
+            }
+            None => read_vec(s, n).map_err(truncated)?,
+        };
         let msg = Incoming {
             id: h.id,
             from: peer,
