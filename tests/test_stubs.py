@@ -24,6 +24,9 @@ def _stub_names() -> dict[str, set[str]]:
             names[""].add(node.name)
         elif isinstance(node, ast.FunctionDef):
             names[""].add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if not node.target.id.startswith("_"):
+                names[""].add(node.target.id)
     return names
 
 

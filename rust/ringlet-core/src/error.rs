@@ -31,6 +31,9 @@ pub enum Error {
     Aborted { rank: usize, reason: String },
     /// A system call failed while setting up or using a transport.
     Io { context: String, message: String },
+    /// An RPC failed in the message layer (malformed frame, lost connection,
+    /// agent shut down). Maps to `RuntimeError`, as torch.distributed.rpc.
+    Rpc(String),
 }
 
 /// Result alias used throughout the engine.
@@ -54,6 +57,7 @@ impl Error {
                 | Error::PeerLost { .. }
                 | Error::Io { .. }
                 | Error::Aborted { .. }
+                | Error::Rpc(_)
         )
     }
 }
@@ -90,6 +94,7 @@ impl fmt::Display for Error {
                 "rank {rank}: communicator is unusable after an earlier failure: {reason}"
             ),
             Error::Io { context, message } => write!(f, "{context}: {message}"),
+            Error::Rpc(msg) => write!(f, "{msg}"),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod group;
 pub mod progress;
 pub mod reduce;
 pub mod registry;
+pub mod rpc;
 mod sys;
 pub mod testing;
 pub mod transport;

@@ -29,6 +29,7 @@ pub fn to_pyerr(err: Error) -> PyErr {
             Error::PeerLost { .. } => ringlet_exception(py, "PeerLostError", msg),
             Error::Aborted { .. } => ringlet_exception(py, "CommunicatorAbortedError", msg),
             Error::Io { .. } => ringlet_exception(py, "RingletError", msg),
+            Error::Rpc(_) => PyRuntimeError::new_err(msg),
         }
     })
 }

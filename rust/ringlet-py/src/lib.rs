@@ -5,6 +5,7 @@
 mod errors;
 mod progress;
 mod registry;
+mod rpc;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -396,6 +397,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Communicator>()?;
     m.add_class::<registry::TensorModule>()?;
     m.add_class::<progress::Progress>()?;
+    m.add_class::<rpc::RpcAgent>()?;
+    m.add_class::<rpc::RpcMessage>()?;
+    m.add_class::<rpc::RpcReply>()?;
+    for (name, code) in rpc::status_codes() {
+        m.add(name, code)?;
+    }
     m.add_function(wrap_pyfunction!(host_identity, m)?)?;
     Ok(())
 }

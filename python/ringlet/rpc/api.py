@@ -1,0 +1,971 @@
+"""The RPC front end: ``torch.distributed.rpc``'s functions on ringlet's agent.
+
+The Rust agent (``_core.RpcAgent``) owns connections, framing, the job token,
+the request and completion thread pools, deadlines and peer-death detection.
+This module gives payloads their meaning: a request is a pickled
+``(kind, ...)`` tuple whose tensors are pulled out by ``persistent_id`` and
+travel as raw bytes beside it (same-host large tensors single-copy), and a
+response is the pickled result or a description of the remote exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import itertools
+import json
+import os
+import pickle
+import re
+import secrets
+import threading
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, ClassVar, Optional, Union
+
+import torch
+from torch.futures import Future
+
+from .. import _core
+from .backend_registry import (
+    DEFAULT_RPC_TIMEOUT_SEC,
+    BackendType,
+    RpcBackendOptions,
+)
+
+__all__ = [
+    "UNSET_RPC_TIMEOUT",
+    "WorkerInfo",
+    "get_worker_info",
+    "init_rpc",
+    "is_available",
+    "remote",
+    "rpc_async",
+    "rpc_sync",
+    "shutdown",
+]
+
+UNSET_RPC_TIMEOUT = -1.0
+_NAME_RE = re.compile(r"^[A-Za-z0-9_:\-]*$")
+
+
+class WorkerInfo:
+    """A worker's name and id (its rank), as ``torch.distributed.rpc.WorkerInfo``.
+
+    Args:
+      name (str): The worker's name given to ``init_rpc``.
+      id (int): The worker's rank.
+
+    Example::
+
+        >>> info = rpc.get_worker_info("worker1")
+        >>> info.name, info.id
+        ('worker1', 1)
+    """
+
+    __slots__ = ("id", "name")
+
+    def __init__(self, name: str, id: int) -> None:
+        self.name = name
+        self.id = id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WorkerInfo) and (self.name, self.id) == (other.name, other.id)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.id))
+
+    def __repr__(self) -> str:
+        return f"WorkerInfo(id={self.id}, name={self.name})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (WorkerInfo, (self.name, self.id))
+
+
+@dataclass
+class _Pending:
+    fut: Future
+    to: int
+    timeout: float
+    keep: Any = None
+
+
+@dataclass
+class _State:
+    me: WorkerInfo
+    workers: list[WorkerInfo]
+    by_name: dict[str, WorkerInfo]
+    agent: Any
+    timeout: float
+    store: Any
+    prefix: str
+    hosts_store: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    early: dict[int, Any] = field(default_factory=dict)
+    active: int = 0
+    idle: threading.Condition = field(default_factory=threading.Condition)
+    shutting_down: bool = False
+
+
+_state: Optional[_State] = None
+_atexit_registered = False
+_init_lock = threading.Lock()
+_local = threading.local()
+
+
+def is_available() -> bool:
+    """True: ringlet's RPC is always built in.
+
+    Returns:
+      bool: ``True``.
+
+    Example::
+
+        >>> rpc.is_available()
+        True
+    """
+    return True
+
+
+def _require() -> _State:
+    st = _state
+    if st is None:
+        raise RuntimeError("RPC has not been initialized. Call ringlet.rpc.init_rpc first.")
+    return st
+
+
+# ----------------------------------------------------------------- bootstrap
+
+
+def _validate_name(name: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"worker name must be a str, got {type(name).__name__}")
+    if not name or not _NAME_RE.match(name):
+        raise RuntimeError(f"Worker name must match ^[A-Za-z0-9-_:]*$, but got {name!r}")
+    if len(name) >= 128:
+        raise RuntimeError(
+            f"RPC worker name {name!r} is {len(name)} characters long; it must be shorter than 128"
+        )
+
+
+def _store_for(init_method: str, rank: int, world: int, timeout: float) -> tuple[Any, bool]:
+    from .. import runtime
+
+    if init_method.startswith("tcp://"):
+        from torch.distributed import TCPStore
+
+        host, _, port = init_method[len("tcp://"):].rpartition(":")
+        # An explicit address: rank 0 hosts the store (torchrun's agent store
+        # lives at MASTER_PORT, not here).
+        store = TCPStore(host.strip("[]"), int(port), world, rank == 0,
+                         timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True)
+        return store, rank == 0
+    if init_method != "env://":
+        raise ValueError(f"unsupported init_method {init_method!r} (use env:// or tcp://host:port)")
+    addr = os.environ.get("MASTER_ADDR") or ""
+    p_raw = os.environ.get("MASTER_PORT") or ""
+    if not addr or not p_raw:
+        raise ValueError("init_rpc with init_method='env://' needs MASTER_ADDR and MASTER_PORT set")
+    store = runtime._make_store(addr, int(p_raw), rank, world, timeout)
+    hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    return store, hosts
+
+
+def _single_copy_min() -> int:
+    if os.environ.get("RINGLET_CMA", "1") in ("0", "false", "False"):
+        return 1 << 62  # never: every tensor travels inline
+    return int(os.environ.get("RINGLET_RPC_SINGLE_COPY_MIN", 64 << 10))
+
+
+def init_rpc(
+    name: str,
+    backend: Optional[BackendType] = None,
+    rank: int = -1,
+    world_size: Optional[int] = None,
+    rpc_backend_options: Optional[RpcBackendOptions] = None,
+) -> None:
+    """Starts this process's RPC agent and waits for every worker of the job.
+
+    Args:
+      name (str): A globally unique name (letters, digits, ``_``, ``:``,
+        ``-``; shorter than 128 characters).
+      backend (BackendType, optional): ``BackendType.RINGLET`` (default) or
+        ``BackendType.TENSORPIPE`` (same agent).
+      rank (int): This worker's id, 0 .. world_size-1. Default: ``$RANK``.
+      world_size (int, optional): Number of workers. Default: ``$WORLD_SIZE``.
+      rpc_backend_options (RpcBackendOptions, optional): ``rpc_timeout``
+        (default 60 s), ``init_method`` (default ``env://``),
+        ``num_worker_threads`` (default 16). torch's
+        ``TensorPipeRpcBackendOptions`` is accepted too.
+
+    Returns:
+      None.
+
+    Example::
+
+        >>> import ringlet.rpc as rpc
+        >>> rpc.init_rpc("worker0", rank=0, world_size=2)   # MASTER_ADDR/PORT set
+        >>> rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 3))
+        tensor([4., 4.])
+        >>> rpc.shutdown()
+    """
+    global _state
+    from .. import runtime
+    _validate_name(name)
+    if backend is not None and not isinstance(backend, BackendType) and str(backend) not in (
+        "BackendType.TENSORPIPE", "TENSORPIPE",
+    ):
+        raise TypeError(f"unsupported RPC backend {backend!r}")
+    if rank == -1:
+        rank = int(os.environ.get("RANK", "-1"))
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "-1"))
+    if rank < 0 or world_size is None or world_size <= 0 or rank >= world_size:
+        raise ValueError(f"init_rpc needs 0 <= rank < world_size, got rank={rank}, "
+                         f"world_size={world_size}")
+    opts = rpc_backend_options or RpcBackendOptions()
+    timeout = float(getattr(opts, "rpc_timeout", DEFAULT_RPC_TIMEOUT_SEC))
+    init_method = str(getattr(opts, "init_method", "env://") or "env://")
+    threads = int(getattr(opts, "num_worker_threads", 16))
+    with _init_lock:
+        if _state is not None:
+            raise RuntimeError("RPC is already initialized")
+        wait = max(timeout, 60.0) if timeout > 0 else 1800.0
+        store, hosts_store = _store_for(init_method, rank, world_size, wait)
+        gen = int(store.add(f"ringlet_rpc/gen/{rank}", 1))
+        prefix = f"ringlet_rpc/{gen}"
+        if rank == 0:
+            store.set(f"{prefix}/token", str(secrets.randbits(63)))
+        token = int(bytes(store.get(f"{prefix}/token")).decode())
+        master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        if init_method.startswith("tcp://"):
+            master = init_method[len("tcp://"):].rpartition(":")[0].strip("[]")
+        ip = runtime._local_ip(master)
+        agent = _core.RpcAgent(
+            rank, token, "0.0.0.0:0", _on_request, _on_response,
+            request_threads=threads,
+            completion_threads=4,
+            single_copy_min=_single_copy_min(),
+        )
+        me = {"name": name, "addr": f"{ip}:{agent.port}", "host": runtime._host_id()}
+        store.set(f"{prefix}/worker/{rank}", json.dumps(me))
+        infos = [
+            json.loads(bytes(store.get(f"{prefix}/worker/{r}")).decode())
+            for r in range(world_size)
+        ]
+        names = [i["name"] for i in infos]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            agent.shutdown()
+            # Everyone has read the names before the store's host may leave.
+            _barrier(store, f"{prefix}/names", world_size, "init", wait)
+            _leave_store(store, f"{prefix}/left", world_size, hosts_store, wait)
+            raise RuntimeError(
+                f"RPC worker names must be unique: {', '.join(dups)} is used by ranks "
+                f"{[r for r, n in enumerate(names) if n in dups]}"
+            )
+        force_tcp = os.environ.get("RINGLET_TRANSPORT", "").lower() == "tcp"
+        agent.set_peers(
+            [i["addr"] for i in infos],
+            [(not force_tcp) and i["host"] == me["host"] for i in infos],
+        )
+        workers = [WorkerInfo(n, r) for r, n in enumerate(names)]
+        _state = _State(
+            me=workers[rank],
+            workers=workers,
+            by_name={w.name: w for w in workers},
+            agent=agent,
+            timeout=timeout,
+            store=store,
+            prefix=prefix,
+            hosts_store=hosts_store,
+        )
+        _rref._start()
+        if not _atexit_registered:
+            atexit.register(_exit_shutdown)
+            globals()["_atexit_registered"] = True
+        # Every worker is reachable before anyone calls.
+        _store_barrier(_state, "init", wait)
+
+
+def _store_barrier(st: _State, what: str, timeout: float) -> None:
+    _barrier(st.store, f"{st.prefix}/{what}", len(st.workers), what, timeout)
+
+
+def _barrier(store: Any, key: str, n: int, what: str, timeout: float) -> None:
+    if int(store.add(key, 1)) == n:
+        store.set(f"{key}/done", "1")
+    try:
+        store.wait([f"{key}/done"], timedelta(seconds=timeout))
+    except Exception as e:
+        arrived = int(store.add(key, 0))
+        raise RuntimeError(
+            f"RPC {what}: only {arrived} of {n} workers arrived within {timeout:.0f} s ({e})"
+        ) from None
+
+
+def _worker(to: Union[str, int, WorkerInfo]) -> WorkerInfo:
+    st = _require()
+    if isinstance(to, WorkerInfo):
+        if 0 <= to.id < len(st.workers) and st.workers[to.id] == to:
+            return to
+        raise RuntimeError(f"name:{st.me.name},rank:{st.me.id} could not find destination {to}")
+    if isinstance(to, str):
+        w = st.by_name.get(to)
+        if w is None:
+            raise RuntimeError(
+                f"name:{st.me.name},rank:{st.me.id} could not find destination name {to}"
+            )
+        return w
+    if isinstance(to, int) and not isinstance(to, bool):
+        if 0 <= to < len(st.workers):
+            return st.workers[to]
+        raise RuntimeError(f"name:{st.me.name},rank:{st.me.id} could not find destination id {to}")
+    raise TypeError(f"'to' must be a worker name, rank or WorkerInfo, got {type(to).__name__}")
+
+
+def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
+    """The ``WorkerInfo`` of a worker by name, or of this worker.
+
+    Args:
+      worker_name (str, optional): A worker's name. Default: this worker.
+
+    Returns:
+      WorkerInfo: with ``name`` and ``id``.
+
+    Example::
+
+        >>> rpc.get_worker_info()
+        WorkerInfo(id=0, name=worker0)
+        >>> rpc.get_worker_info("worker1").id
+        1
+    """
+    st = _require()
+    if worker_name is None:
+        return st.me
+    return _worker(worker_name)
+
+
+def _get_current_rpc_agent() -> Any:
+    return _require().agent
+
+
+# ------------------------------------------------------------- serialization
+
+
+def _cpu_only(t: torch.Tensor) -> None:
+    if t.device.type != "cpu":
+        dest = getattr(_local, "dest_name", "?")
+        raise RuntimeError(
+            "TensorPipe RPC backend only supports CPU tensors by default, please move your "
+            "tensors to CPU before sending them over RPC, or call `set_device_map` on "
+            "`TensorPipeRpcBackendOptions` to explicitly configure device mapping. Request "
+            f"device mapping is not available for destination {dest}, but found tensor on "
+            f"device: {t.device}"
+        )
+
+
+def _load_script_function(qualified: str) -> Any:
+    import importlib
+    import sys
+
+    path = qualified[len("__torch__."):] if qualified.startswith("__torch__.") else qualified
+    module, _, fn = path.rpartition(".")
+    mod = importlib.import_module(module) if module else sys.modules["__main__"]
+    return getattr(mod, fn)
+
+
+# Pickling runs in C: tensors, parameters, RRefs and TorchScript functions are
+# found through a dispatch table (exact types), not a Python hook called for
+# every object. Per-message state lives in thread-locals.
+
+
+def _reduce_tensor(t: torch.Tensor) -> Any:
+    _cpu_only(t)
+    if t.layout != torch.strided or t.is_quantized:
+        return t.__reduce_ex__(5)
+    d = t.detach()
+    if not d.is_contiguous():
+        d = d.contiguous()
+    out: list[torch.Tensor] = _local.out
+    out.append(d)
+    grad_out = getattr(_local, "grad_out", None)
+    if grad_out is not None and t.requires_grad:
+        grad_out.append(t)  # still attached to its graph: distributed autograd's send
+    return (_rebuild_tensor, (len(out) - 1, t.dtype, tuple(t.shape), bool(t.requires_grad),
+                              isinstance(t, torch.nn.Parameter)))
+
+
+def _rebuild_tensor(i: int, dtype: torch.dtype, shape: tuple[int, ...], requires_grad: bool,
+                    is_param: bool) -> torch.Tensor:
+    msg, lens = _local.msg, _local.lens
+    out = torch.empty(shape, dtype=dtype)
+    nbytes = out.numel() * out.element_size()
+    if i >= len(lens) or lens[i] != nbytes:
+        raise RuntimeError("malformed RPC message: tensor size does not match its bytes")
+    if nbytes:
+        msg.fetch(i, out.data_ptr(), nbytes)
+    if is_param:
+        out = torch.nn.Parameter(out, requires_grad=requires_grad)
+    elif requires_grad:
+        out.requires_grad_(True)
+    recv = getattr(_local, "recv", None)
+    if recv is not None and requires_grad:
+        recv.append(out)  # distributed autograd's recv: a new leaf
+    return out
+
+
+def _reduce_rref(r: Any) -> Any:
+    from .rref import RRef
+
+    return (RRef._from_fork, r._fork_for(_local.dest))
+
+
+def _reduce_script_function(f: Any) -> Any:
+    return (_load_script_function, (f.qualified_name,))
+
+
+class _Pickler(pickle.Pickler):
+    dispatch_table: ClassVar[dict[Any, Any]] = {}
+
+
+def _dispatch_table() -> dict[Any, Any]:
+    import copyreg
+
+    from .rref import RRef
+
+    table = copyreg.dispatch_table.copy()
+    table[torch.Tensor] = _reduce_tensor
+    table[torch.nn.Parameter] = _reduce_tensor
+    table[RRef] = _reduce_rref
+    table[torch.jit.ScriptFunction] = _reduce_script_function
+    return table
+
+
+def _dumps(obj: Any, dest: int, grad_out: Optional[list[torch.Tensor]] = None,
+           ) -> tuple[bytes, list[torch.Tensor]]:
+    if not _Pickler.dispatch_table:
+        _Pickler.dispatch_table = _dispatch_table()
+    prev = (getattr(_local, "out", None), getattr(_local, "dest", None),
+            getattr(_local, "grad_out", None))
+    tensors: list[torch.Tensor] = []
+    _local.out, _local.dest, _local.grad_out = tensors, dest, grad_out
+    try:
+        f = io.BytesIO()
+        _Pickler(f, 5).dump(obj)
+        return f.getvalue(), tensors
+    finally:
+        _local.out, _local.dest, _local.grad_out = prev
+
+
+def _loads(msg: Any) -> Any:
+    return _loads_leaves(msg)[0]
+
+
+def _loads_leaves(msg: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Unpickles a message; also returns the received tensors that require
+    grad (distributed autograd's recv leaves)."""
+    prev = (getattr(_local, "msg", None), getattr(_local, "lens", None),
+            getattr(_local, "recv", None))
+    leaves: list[torch.Tensor] = []
+    _local.msg, _local.lens, _local.recv = msg, msg.tensor_lens, leaves
+    try:
+        return pickle.loads(msg.payload()), leaves
+    finally:
+        _local.msg, _local.lens, _local.recv = prev
+        msg.release()
+
+
+class _CtxResult:
+    """A response inside a distributed autograd context: the value and the key
+    under which the responder recorded its send."""
+
+    __slots__ = ("cid", "key", "value")
+
+    def __init__(self, cid: int, key: Any, value: Any) -> None:
+        self.cid, self.key, self.value = cid, key, value
+
+    def __reduce__(self) -> Any:
+        return (_CtxResult, (self.cid, self.key, self.value))
+
+
+def _tensor_bufs(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
+    return [(t.data_ptr(), t.numel() * t.element_size()) for t in tensors]
+
+
+# ----------------------------------------------------------------- calling
+
+
+def _timeout_of(st: _State, timeout: float) -> float:
+    if timeout is None or timeout == UNSET_RPC_TIMEOUT or timeout < 0:
+        return st.timeout
+    return float(timeout)
+
+
+def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, bytes,
+                                                                  list[torch.Tensor], list[Any]]:
+    st = _require()
+    if st.agent is None:
+        raise RuntimeError("RPC agent is shut down")
+    t = _timeout_of(st, timeout)
+    cid = _autograd._current_id()
+    grad_out: Optional[list[torch.Tensor]] = None
+    if cid is not None and body[0] in ("call", "remote"):
+        key = (st.me.id, next(_ids))
+        body = ("ctx", cid, key, body)
+        grad_out = []
+    prev = (getattr(_local, "dest_name", None), getattr(_local, "keep", None))
+    _local.dest_name, _local.keep = to.name, []
+    try:
+        payload, tensors = _dumps(body, to.id, grad_out)
+        kept = _local.keep
+    finally:
+        _local.dest_name, _local.keep = prev
+    if grad_out is not None:
+        _autograd._record_send(cid, key, to.id, grad_out)  # type: ignore[arg-type]
+    return st, t, payload, tensors, kept
+
+
+def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Future:
+    """Sends one request; the returned future completes with its outcome."""
+    st, t, payload, tensors, kept = _prepare(to, body, timeout)
+    fut: Future = Future()
+    entry = _Pending(fut, to.id, t, (keep, kept))
+    try:
+        cid = st.agent.call(to.id, payload, _tensor_bufs(tensors), t, tensors)
+    except (RuntimeError, AttributeError) as e:
+        raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
+    with st.lock:
+        early = st.early.pop(cid, None)
+        if early is None:
+            st.pending[cid] = entry
+    if early is not None:
+        _complete(st, entry, early)
+    return fut
+
+
+def _send_sync(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Any:
+    """Sends one request and returns its result (raises its error). The
+    calling thread waits in the agent with the GIL released; the reader
+    thread hands it the response directly."""
+    st, t, payload, tensors, kept = _prepare(to, body, timeout)
+    try:
+        msg = st.agent.call_wait(to.id, payload, _tensor_bufs(tensors), t, tensors)
+    except (RuntimeError, AttributeError) as e:
+        raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
+    ok, value = _outcome(st, to.id, t, msg)
+    del keep, kept
+    if ok:
+        return value
+    raise value
+
+
+def _invoke(to: Any, func: Callable[..., Any], args: Any, kwargs: Any, timeout: float) -> Future:
+    if not callable(func):
+        raise TypeError(f"function should be callable, got {type(func).__name__}")
+    w = _worker(to)
+    return _send(w, ("call", func, tuple(args or ()), dict(kwargs or {})), timeout)
+
+
+def rpc_async(
+    to: Union[str, int, WorkerInfo],
+    func: Callable[..., Any],
+    args: Optional[tuple[Any, ...]] = None,
+    kwargs: Optional[dict[str, Any]] = None,
+    timeout: float = UNSET_RPC_TIMEOUT,
+) -> Future:
+    """Runs ``func(*args, **kwargs)`` on worker ``to``; returns at once.
+
+    Args:
+      to (str or WorkerInfo or int): Name, ``WorkerInfo`` or rank of the callee.
+      func (Callable): A module-level Python function, a builtin or torch op
+        (``torch.add``, ``min``), a TorchScript function, or an
+        ``@rpc.functions.async_execution`` function.
+      args (tuple): Positional arguments (tensors travel as raw bytes).
+      kwargs (dict): Keyword arguments.
+      timeout (float): Seconds; 0 means none; -1 (default) uses the
+        ``rpc_timeout`` given to ``init_rpc``.
+
+    Returns:
+      torch.futures.Future: completes with the result; ``wait()`` raises the
+      remote exception (its type, with the remote traceback), or a
+      ``RuntimeError`` saying the call timed out or the callee died.
+
+    Example::
+
+        >>> fut1 = rpc.rpc_async("worker1", torch.add, args=(torch.ones(2), 3))
+        >>> fut2 = rpc.rpc_async("worker1", min, args=(1, 2))
+        >>> fut1.wait() + fut2.wait()
+        tensor([5., 5.])
+    """
+    return _invoke(to, func, args, kwargs, timeout)
+
+
+def rpc_sync(
+    to: Union[str, int, WorkerInfo],
+    func: Callable[..., Any],
+    args: Optional[tuple[Any, ...]] = None,
+    kwargs: Optional[dict[str, Any]] = None,
+    timeout: float = UNSET_RPC_TIMEOUT,
+) -> Any:
+    """Runs ``func(*args, **kwargs)`` on worker ``to`` and returns its result.
+    Thread-safe; may be called from inside an RPC (nested calls).
+
+    Args:
+      to (str or WorkerInfo or int): Name, ``WorkerInfo`` or rank of the callee.
+      func (Callable): Function to run (see :func:`rpc_async`).
+      args (tuple): Positional arguments.
+      kwargs (dict): Keyword arguments.
+      timeout (float): Seconds; 0: none; -1 (default): the agent's default.
+
+    Returns:
+      The result of ``func``.
+
+    Example::
+
+        >>> rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 3))
+        tensor([4., 4.])
+    """
+    if not callable(func):
+        raise TypeError(f"function should be callable, got {type(func).__name__}")
+    return _send_sync(_worker(to), ("call", func, tuple(args or ()), dict(kwargs or {})), timeout)
+
+
+def remote(
+    to: Union[str, int, WorkerInfo],
+    func: Callable[..., Any],
+    args: Optional[tuple[Any, ...]] = None,
+    kwargs: Optional[dict[str, Any]] = None,
+    timeout: float = UNSET_RPC_TIMEOUT,
+) -> Any:
+    """Runs ``func`` on worker ``to``, which keeps the result; returns an
+    ``RRef`` to it at once.
+
+    Args:
+      to (str or WorkerInfo or int): The callee, owner of the result.
+      func (Callable): Function to run (see :func:`rpc_async`).
+      args (tuple): Positional arguments.
+      kwargs (dict): Keyword arguments.
+      timeout (float): Seconds for the owner to create the value; a failure
+        or timeout is raised by the next use of the RRef (``to_here``).
+
+    Returns:
+      RRef: a reference to the result, owned by ``to``.
+
+    Example::
+
+        >>> rref1 = rpc.remote("worker1", torch.add, args=(torch.ones(2), 3))
+        >>> rref2 = rpc.remote("worker1", torch.add, args=(torch.ones(2), 1))
+        >>> rref1.to_here() + rref2.to_here()
+        tensor([6., 6.])
+    """
+    from .rref import RRef
+
+    if not callable(func):
+        raise TypeError(f"function should be callable, got {type(func).__name__}")
+    return RRef._remote(_worker(to), ("call", func, tuple(args or ()), dict(kwargs or {})),
+                        timeout)
+
+
+# --------------------------------------------------------- receiving side
+
+
+def _rebuild_exception(exc_type: Optional[type], text: str) -> BaseException:
+    """The remote exception rebuilt as its own type with the remote traceback
+    as message (as torch.distributed.rpc does); ``RuntimeError`` when the type
+    cannot be rebuilt."""
+    if exc_type is None or not isinstance(exc_type, type) or not issubclass(exc_type, Exception):
+        return RuntimeError(text)
+    try:
+        return exc_type(text)
+    except Exception as e:
+        return RuntimeError(
+            f"Failed to create original exception type. Error msg was {e}. "
+            f"Original exception on remote side was {text}")
+
+
+def _exception_payload(st: _State, e: BaseException) -> bytes:
+    text = (f"On {st.me}:\n{e!r}\n"
+            + "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+    try:
+        return pickle.dumps((type(e), text))
+    except Exception:
+        return pickle.dumps((None, text))
+
+
+def _reply(st: _State, reply: Any, ok: bool, value: Any, cid: Optional[int] = None) -> None:
+    agent = st.agent
+    if agent is None:
+        return
+    if ok:
+        grad_out: Optional[list[torch.Tensor]] = None
+        if cid is not None:
+            key = (st.me.id, next(_ids))
+            value = _CtxResult(cid, key, value)
+            grad_out = []
+        prev = (getattr(_local, "dest_name", None), getattr(_local, "keep", None))
+        _local.dest_name, _local.keep = st.workers[reply.peer].name, None
+        try:
+            payload, tensors = _dumps(value, reply.peer, grad_out)
+        except BaseException as e:
+            ok, value = False, e
+        finally:
+            _local.dest_name, _local.keep = prev
+        if ok and grad_out is not None:
+            _autograd._record_send(cid, key, reply.peer, grad_out)  # type: ignore[arg-type]
+    if not ok:
+        payload, tensors = _exception_payload(st, value), []
+    try:
+        agent.respond(reply, _core.RPC_OK if ok else _core.RPC_ERROR, payload,
+                      _tensor_bufs(tensors), tensors)
+    except RuntimeError:
+        pass  # the caller is gone; its side reports the loss
+
+
+def _reply_when_done(st: _State, reply: Any, fut: Any, cid: Optional[int] = None) -> None:
+    def done(f: Future) -> None:
+        try:
+            v = f.wait()
+        except BaseException as e:
+            _reply(st, reply, False, e)
+        else:
+            _reply(st, reply, True, v, cid)
+        _finish(st)
+
+    fut.add_done_callback(done)
+
+
+def _finish(st: _State) -> None:
+    with st.idle:
+        st.active -= 1
+        if st.active == 0:
+            st.idle.notify_all()
+
+
+def _run_call(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    """Runs a request's function; (True, future) when it is asynchronous."""
+    if getattr(func, "_wrapped_async_rpc_function", None) is not None:
+        fut = func(*args, **kwargs)
+        if not isinstance(fut, (Future, torch._C.Future)):
+            raise TypeError(
+                f"Functions decorated with @rpc.functions.async_execution must return a "
+                f"torch.futures.Future object, but got {type(fut)}")
+        return True, fut
+    return False, func(*args, **kwargs)
+
+
+def _on_request(msg: Any) -> None:
+    """Runs on an agent request thread (holding the GIL only while Python runs)."""
+    st = _state
+    if st is None:
+        return
+    reply = msg.reply_to()
+    with st.idle:
+        st.active += 1
+    try:
+        try:
+            body, leaves = _loads_leaves(msg)
+            kind = body[0]
+        except Exception as e:
+            _reply(st, reply, False, RuntimeError(
+                f"malformed RPC message from {st.workers[reply.peer].name}: {e}"))
+            _finish(st)
+            return
+        cid = None
+        if kind == "ctx":
+            _, cid, key, body = body
+            kind = body[0]
+            _autograd._record_recv(cid, reply.peer, key, leaves)
+        try:
+            with _autograd._using(cid):
+                if kind == "call":
+                    is_async, out = _run_call(*body[1:])
+                else:
+                    out = _rref._handle(kind, body, reply.peer)
+                    is_async = isinstance(out, (Future, torch._C.Future))
+            if is_async:
+                _reply_when_done(st, reply, out, cid)
+                return
+        except BaseException as e:
+            _reply(st, reply, False, e)
+        else:
+            _reply(st, reply, True, out, cid)
+        _finish(st)
+    except BaseException:  # never let an exception escape into the agent thread
+        _finish(st)
+        raise
+
+
+def _outcome(st: _State, to: int, timeout: float, msg: Any) -> tuple[bool, Any]:
+    """(True, value) or (False, exception) from a response or local failure."""
+    name = st.workers[to].name if 0 <= to < len(st.workers) else str(to)
+    status = msg.status
+    try:
+        if status == _core.RPC_OK:
+            value, leaves = _loads_leaves(msg)
+            if isinstance(value, _CtxResult):
+                _autograd._record_recv(value.cid, to, value.key, leaves)
+                value = value.value
+            return True, value
+        if status == _core.RPC_ERROR:
+            etype, text = _loads(msg)
+            return False, _rebuild_exception(etype, text)
+        detail = bytes(msg.payload()).decode("utf-8", "replace")
+        msg.release()
+    except BaseException as e:
+        return False, RuntimeError(f"malformed RPC response from {name}: {e}")
+    if status == _core.RPC_TIMEOUT:
+        return False, RuntimeError(
+            f"RPC to {name} timed out: RPC ran for more than set timeout "
+            f"({int(timeout * 1000)} ms) and will now be marked with an error")
+    if status == _core.RPC_PEER_LOST:
+        return False, RuntimeError(
+            f"RPC to {name} failed: worker {name} (rank {to}) is gone: {detail}")
+    return False, RuntimeError(f"RPC to {name} failed: {detail}")
+
+
+def _complete(st: _State, entry: _Pending, msg: Any) -> None:
+    ok, value = _outcome(st, entry.to, entry.timeout, msg)
+    if ok:
+        entry.fut.set_result(value)
+    else:
+        entry.fut.set_exception(value)
+
+
+def _on_response(msg: Any) -> None:
+    """Runs on an agent completion thread."""
+    st = _state
+    if st is None:
+        return
+    with st.lock:
+        entry = st.pending.pop(msg.id, None)
+        if entry is None:
+            st.early[msg.id] = msg
+            return
+    _complete(st, entry, msg)
+
+
+def _send_raw(to: Union[str, int, WorkerInfo], payload: bytes, timeout: float = -1.0) -> Future:
+    """Sends an arbitrary payload as a request (tests of malformed messages)."""
+    st = _require()
+    w = _worker(to)
+    t = _timeout_of(st, timeout)
+    fut: Future = Future()
+    cid = st.agent.call(w.id, payload, [], t, None)
+    entry = _Pending(fut, w.id, t)
+    with st.lock:
+        early = st.early.pop(cid, None)
+        if early is None:
+            st.pending[cid] = entry
+    if early is not None:
+        _complete(st, entry, early)
+    return fut
+
+
+# ------------------------------------------------------------------ shutdown
+
+
+def shutdown(graceful: bool = True, timeout: float = 0) -> None:
+    """Stops this worker's agent.
+
+    With ``graceful=True`` it first releases this worker's RRefs, waits until
+    every worker of the job has called ``shutdown`` and until all outstanding
+    calls (and RRef deletions) have completed, then closes. With
+    ``graceful=False`` it closes at once: pending futures fail.
+
+    Args:
+      graceful (bool): Wait for the other workers and outstanding work.
+      timeout (float): Seconds to wait for the others; 0 (default): the
+        agent's ``rpc_timeout`` (at least 60 s).
+
+    Returns:
+      None.
+
+    Example::
+
+        >>> result = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(1), 1))
+        >>> rpc.shutdown()
+    """
+    global _state
+    st = _state
+    if st is None:
+        return
+    wait = float(timeout) if timeout and timeout > 0 else max(st.timeout, 60.0)
+    try:
+        if graceful:
+            # Requests from other workers may still use this worker's RRefs
+            # until everyone has arrived and drained: only garbage goes first.
+            _rref._release_all(wait, live=False)
+            _store_barrier(st, "shutdown/arrive", wait)
+            _drain(st, wait)
+            _rref._release_all(wait, live=True)
+            _store_barrier(st, "shutdown/drained", wait)
+    finally:
+        st.shutting_down = True
+        _rref._stop()
+        agent, st.agent = st.agent, None
+        if agent is not None:
+            agent.shutdown()
+        _state = None
+        if graceful:
+            _leave(st, wait)
+
+
+def _drain(st: _State, wait: float) -> None:
+    """Waits until this worker's calls have completed and no request runs."""
+    import time
+
+    deadline = time.monotonic() + wait
+    with st.idle:
+        while st.active > 0 and time.monotonic() < deadline:
+            st.idle.wait(0.05)
+    while True:
+        with st.lock:
+            futs = [p.fut for p in st.pending.values()]
+        if not futs:
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        _wait_all(futs, left)
+
+
+def _wait_all(futs: list[Future], timeout: float) -> None:
+    done = threading.Event()
+    torch.futures.collect_all(futs).add_done_callback(lambda _f: done.set())
+    done.wait(timeout)
+
+
+def _leave(st: _State, wait: float) -> None:
+    _leave_store(st.store, f"{st.prefix}/left", len(st.workers), st.hosts_store, wait)
+
+
+def _leave_store(store: Any, key: str, n: int, hosts_store: bool, wait: float) -> None:
+    """The worker hosting the store keeps it up until every worker has left."""
+    try:
+        if int(store.add(key, 1)) == n:
+            store.set(f"{key}/done", "1")
+        if hosts_store:
+            store.wait([f"{key}/done"], timedelta(seconds=min(wait, 30.0)))
+    except Exception:
+        pass
+
+
+_ids = itertools.count()
+
+
+def _exit_shutdown() -> None:
+    """At interpreter exit: close the agent (no waiting) so that no agent
+    thread calls into a finalising interpreter."""
+    if _state is not None:
+        try:
+            shutdown(graceful=False)
+        except Exception:
+            pass
+
+
+# Imported last: both modules use this one.
+from . import autograd as _autograd  # noqa: E402
+from . import rref as _rref  # noqa: E402

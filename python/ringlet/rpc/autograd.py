@@ -1,0 +1,268 @@
+"""Distributed autograd on ringlet.rpc (names as ``torch.distributed.autograd``).
+
+Inside ``with context() as context_id:``, every RPC request and response
+that carries tensors requiring grad records a *send* on the sending worker
+(the original tensors, still attached to its graph) and a *recv* on the
+receiving worker (the received tensors, new leaves of its graph), both under
+the context id and a message key. ``backward(context_id, roots)`` runs the
+local graph from the roots to its leaves with ``torch.autograd.grad`` (so no
+``.grad`` changes); gradients of ordinary leaves accumulate in the context,
+gradients of recv leaves are sent to the worker that sent those tensors,
+which continues from its recorded send, and so on across every worker the
+forward pass touched (nested and fan-out alike; by linearity each message's
+gradient is propagated on its own and the results add up). ``backward``
+returns when every worker has finished.
+
+Contexts are independent; leaving the ``with`` block frees the context on
+this worker and on every worker it exchanged messages with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+
+from . import api as _api
+
+__all__ = ["backward", "context", "get_gradients"]
+
+_ids = itertools.count(1)
+_lock = threading.Lock()
+_tls = threading.local()
+
+
+class _Context:
+    def __init__(self, cid: int) -> None:
+        self.id = cid
+        self.lock = threading.Lock()
+        self.sends: dict[Any, list[torch.Tensor]] = {}
+        self.recv_of: dict[int, tuple[int, Any, int]] = {}
+        self.keep: list[torch.Tensor] = []
+        self.grads: dict[torch.Tensor, torch.Tensor] = {}
+        self.peers: set[int] = set()
+
+
+_contexts: dict[int, _Context] = {}
+
+
+def _current_id() -> Optional[int]:
+    return getattr(_tls, "cur", None)
+
+
+@contextlib.contextmanager
+def _using(cid: Optional[int]) -> Iterator[None]:
+    prev = getattr(_tls, "cur", None)
+    _tls.cur = cid
+    try:
+        yield
+    finally:
+        _tls.cur = prev
+
+
+def _ensure(cid: int) -> _Context:
+    with _lock:
+        ctx = _contexts.get(cid)
+        if ctx is None:
+            ctx = _contexts[cid] = _Context(cid)
+        return ctx
+
+
+def _get(cid: int) -> _Context:
+    with _lock:
+        ctx = _contexts.get(cid)
+    if ctx is None:
+        raise RuntimeError(f"Could not find autograd context with id: {cid}")
+    return ctx
+
+
+def _record_send(cid: int, key: Any, dest: int, tensors: list[torch.Tensor]) -> None:
+    ctx = _ensure(cid)
+    with ctx.lock:
+        ctx.peers.add(dest)
+        if tensors:
+            ctx.sends[key] = tensors
+
+
+def _record_recv(cid: int, sender: int, key: Any, leaves: list[torch.Tensor]) -> None:
+    ctx = _ensure(cid)
+    with ctx.lock:
+        ctx.peers.add(sender)
+        for i, leaf in enumerate(leaves):
+            ctx.recv_of[id(leaf)] = (sender, key, i)
+            ctx.keep.append(leaf)
+
+
+@contextlib.contextmanager
+def context() -> Iterator[int]:
+    """A distributed autograd context; yields its id.
+
+    Returns:
+      A context manager yielding ``context_id`` (int).
+
+    Example::
+
+        >>> import ringlet.rpc.autograd as dist_autograd
+        >>> with dist_autograd.context() as context_id:
+        ...     t1 = torch.rand((3, 3), requires_grad=True)
+        ...     t2 = torch.rand((3, 3), requires_grad=True)
+        ...     loss = rpc.rpc_sync("worker1", torch.add, args=(t1, t2)).sum()
+        ...     dist_autograd.backward(context_id, [loss])
+        ...     grads = dist_autograd.get_gradients(context_id)  # {t1: ones, t2: ones}
+    """
+    st = _api._require()
+    cid = (st.me.id << 48) | next(_ids)
+    _ensure(cid)
+    with _using(cid):
+        try:
+            yield cid
+        finally:
+            _release(cid)
+
+
+def _release(cid: int, notified: frozenset[int] = frozenset()) -> None:
+    """Frees a context here and on the peers it exchanged messages with that
+    are not in ``notified`` (already told by whoever told us)."""
+    with _lock:
+        ctx = _contexts.pop(cid, None)
+    if ctx is None:
+        return
+    st = _api._state
+    if st is None or st.agent is None:
+        return
+    todo = [p for p in ctx.peers if p != st.me.id and p not in notified]
+    told = notified | set(todo) | {st.me.id}
+    futs = []
+    with _using(None):
+        for peer in todo:
+            try:
+                futs.append(_api._send(st.workers[peer], ("call", _release, (cid, told), {}), 0))
+            except Exception:
+                pass  # the peer is gone: nothing to free there
+    for f in futs:  # freed everywhere when the context's `with` block ends
+        try:
+            f.wait()
+        except Exception:
+            pass
+
+
+def _graph_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
+    leaves: list[torch.Tensor] = []
+    seen_leaf: set[int] = set()
+    seen: set[Any] = set()
+    stack: list[Any] = []
+    for r in roots:
+        if r.grad_fn is None:
+            if r.requires_grad and id(r) not in seen_leaf:
+                seen_leaf.add(id(r))
+                leaves.append(r)
+        else:
+            stack.append(r.grad_fn)
+    while stack:
+        fn = stack.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)
+        if var is not None:
+            if id(var) not in seen_leaf:
+                seen_leaf.add(id(var))
+                leaves.append(var)
+            continue
+        for nxt, _ in fn.next_functions:
+            if nxt is not None:
+                stack.append(nxt)
+    return leaves
+
+
+def _backprop(ctx: _Context, tensors: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
+              ) -> None:
+    pairs = [(t, g) for t, g in zip(tensors, grads) if g is not None and t.requires_grad]
+    if not pairs:
+        return
+    roots = [t for t, _ in pairs]
+    leaves = _graph_leaves(roots)
+    if not leaves:
+        return
+    gs = torch.autograd.grad(roots, leaves, grad_outputs=[g for _, g in pairs],
+                             retain_graph=True, allow_unused=True)
+    outgoing: dict[tuple[int, Any], dict[int, torch.Tensor]] = {}
+    with ctx.lock:
+        for leaf, g in zip(leaves, gs):
+            if g is None:
+                continue
+            src = ctx.recv_of.get(id(leaf))
+            if src is None:
+                prev = ctx.grads.get(leaf)
+                ctx.grads[leaf] = g if prev is None else prev + g
+            else:
+                sender, key, i = src
+                outgoing.setdefault((sender, key), {})[i] = g
+    st = _api._require()
+    with _using(None):
+        futs = [_api._send(st.workers[sender], ("call", _backward_step, (ctx.id, key, g), {}),
+                           0)
+                for (sender, key), g in outgoing.items()]
+        for f in futs:
+            f.wait()
+
+
+def _backward_step(cid: int, key: Any, grads: dict[int, torch.Tensor]) -> None:
+    ctx = _get(cid)
+    with ctx.lock:
+        tensors = ctx.sends.get(key)
+    if tensors is None:
+        raise RuntimeError(f"autograd context {cid} has no record of message {key}")
+    _backprop(ctx, tensors, [grads.get(i) for i in range(len(tensors))])
+
+
+def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = False) -> None:
+    """Runs the backward pass from ``roots`` across every worker the forward
+    pass of this context reached. Gradients accumulate in the context (see
+    :func:`get_gradients`); ``.grad`` is not touched.
+
+    Args:
+      context_id (int): The id yielded by :func:`context`.
+      roots (list[Tensor]): Scalar tensors to differentiate.
+      retain_graph (bool): Accepted for compatibility; graphs are kept until
+        the context ends.
+
+    Returns:
+      None.
+
+    Example::
+
+        >>> with dist_autograd.context() as context_id:
+        ...     loss = rpc.rpc_sync("worker1", torch.mul, args=(w, 2)).sum()
+        ...     dist_autograd.backward(context_id, [loss])
+    """
+    ctx = _get(context_id)
+    roots = list(roots)
+    for r in roots:
+        if not isinstance(r, torch.Tensor) or not r.requires_grad:
+            raise RuntimeError("backward roots must be tensors that require grad")
+    _backprop(ctx, roots, [torch.ones_like(r) for r in roots])
+
+
+def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
+    """This worker's gradients accumulated in a context.
+
+    Args:
+      context_id (int): The context's id.
+
+    Returns:
+      dict[Tensor, Tensor]: leaf tensor of this worker -> its gradient.
+
+    Example::
+
+        >>> grads = dist_autograd.get_gradients(context_id)
+        >>> grads[t1]
+        tensor([[1., 1., 1.], ...])
+    """
+    ctx = _get(context_id)
+    with ctx.lock:
+        return dict(ctx.grads)

@@ -1,0 +1,112 @@
+"""Backend types and options, named as in ``torch.distributed.rpc``.
+
+ringlet has one backend (its own agent); ``BackendType.TENSORPIPE`` is
+accepted as an alias so that code written for torch runs unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Optional
+
+__all__ = [
+    "DEFAULT_INIT_METHOD",
+    "DEFAULT_NUM_WORKER_THREADS",
+    "DEFAULT_RPC_TIMEOUT_SEC",
+    "BackendType",
+    "RpcBackendOptions",
+    "TensorPipeRpcBackendOptions",
+]
+
+DEFAULT_RPC_TIMEOUT_SEC = 60.0
+DEFAULT_INIT_METHOD = "env://"
+DEFAULT_NUM_WORKER_THREADS = 16
+
+
+class BackendType(enum.Enum):
+    """RPC backends. ``RINGLET`` is the only implementation; ``TENSORPIPE``
+    selects it too."""
+
+    RINGLET = "RINGLET"
+    TENSORPIPE = "TENSORPIPE"
+
+
+class RpcBackendOptions:
+    """Options of the RPC agent.
+
+    Args:
+      rpc_timeout (float): Default timeout in seconds of every call
+        (``rpc_sync``, ``rpc_async``, ``remote``, ``to_here``). 0: none.
+        Default: 60.
+      init_method (str): How workers find each other: ``"env://"``
+        (``MASTER_ADDR`` / ``MASTER_PORT``, or torchrun's store) or
+        ``"tcp://host:port"``. Default: ``"env://"``.
+      num_worker_threads (int): Threads that run incoming requests. Default: 16.
+
+    Example::
+
+        >>> opts = rpc.RpcBackendOptions(rpc_timeout=5, init_method="tcp://10.0.0.1:29500")
+        >>> rpc.init_rpc("worker0", rank=0, world_size=2, rpc_backend_options=opts)
+    """
+
+    def __init__(
+        self,
+        rpc_timeout: float = DEFAULT_RPC_TIMEOUT_SEC,
+        init_method: str = DEFAULT_INIT_METHOD,
+        num_worker_threads: int = DEFAULT_NUM_WORKER_THREADS,
+        **_ignored: Any,
+    ) -> None:
+        self.rpc_timeout = float(rpc_timeout)
+        self.init_method = init_method
+        self.num_worker_threads = int(num_worker_threads)
+
+    def __repr__(self) -> str:
+        return (
+            f"RpcBackendOptions(rpc_timeout={self.rpc_timeout}, "
+            f"init_method={self.init_method!r}, num_worker_threads={self.num_worker_threads})"
+        )
+
+
+class TensorPipeRpcBackendOptions(RpcBackendOptions):
+    """torch's option class name, accepted for ported code. ``device_maps``,
+    ``devices``, ``_transports`` and ``_channels`` are accepted and ignored
+    (ringlet RPC moves CPU tensors only).
+
+    Args:
+      num_worker_threads (int): Threads that run incoming requests. Default: 16.
+      rpc_timeout (float): Default timeout in seconds. Default: 60.
+      init_method (str): ``"env://"`` or ``"tcp://host:port"``.
+
+    Example::
+
+        >>> opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=8, rpc_timeout=20)
+    """
+
+    def __init__(
+        self,
+        *,
+        num_worker_threads: int = DEFAULT_NUM_WORKER_THREADS,
+        rpc_timeout: float = DEFAULT_RPC_TIMEOUT_SEC,
+        init_method: str = DEFAULT_INIT_METHOD,
+        device_maps: Optional[dict[str, Any]] = None,
+        devices: Optional[list[Any]] = None,
+        _transports: Optional[list[str]] = None,
+        _channels: Optional[list[str]] = None,
+    ) -> None:
+        super().__init__(rpc_timeout, init_method, num_worker_threads)
+
+    def set_device_map(self, to: str, device_map: dict[Any, Any]) -> None:
+        """Refused: ringlet RPC moves CPU tensors only.
+
+        Args:
+          to (str): Callee name.
+          device_map (dict): Device mapping.
+
+        Returns:
+          Never returns.
+
+        Example::
+
+            >>> opts.set_device_map("worker1", {0: 1})  # ValueError
+        """
+        raise ValueError("ringlet RPC moves CPU tensors only; device maps are not supported")

@@ -1,0 +1,399 @@
+"""ringlet.rpc against torch.distributed.rpc, in the same test run.
+
+Each scenario runs once with ``torch.distributed.rpc`` and once with
+``ringlet.rpc`` (shared memory and TCP), on real processes with a hard
+timeout; results and error types must agree. ringlet-only checks (reference
+counting, malformed frames, the job token, dead workers) follow.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import socket
+import struct
+import threading
+import time
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+import ringlet.rpc as rrpc
+
+from conftest import free_port, launch
+
+# ----------------------------------------------------------- remote functions
+
+
+def _kw(a: int, b: int = 0) -> int:
+    return a * 10 + b
+
+
+def _whoami(rpc_name: str) -> str:
+    rpc = importlib.import_module(rpc_name)
+    return str(rpc.get_worker_info().name)
+
+
+def my_script_add(t1, t2):
+    return torch.add(t1, t2)
+
+
+with warnings.catch_warnings():  # torch.jit.script is deprecated in torch 2.13
+    warnings.simplefilter("ignore")
+    my_script_add = torch.jit.script(my_script_add)
+
+
+def _raise_value() -> None:
+    raise ValueError("bad value 42")
+
+
+def _wait(seconds: float) -> float:
+    threading.Event().wait(seconds)  # the callee is slow on purpose
+    return seconds
+
+
+def _nested(rpc_name: str, to: str, x: torch.Tensor) -> torch.Tensor:
+    rpc = importlib.import_module(rpc_name)
+    return rpc.rpc_sync(to, torch.add, args=(x, 1)) * 2
+
+
+def _async_add_chained(rpc_name: str, to: str, x: torch.Tensor, y: int, z: int) -> Any:
+    rpc = importlib.import_module(rpc_name)
+    return rpc.rpc_async(to, torch.add, args=(x, y)).then(lambda fut: fut.wait() + z)
+
+
+class Counter:
+    def __init__(self, start: int) -> None:
+        self.n = start
+
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+    def get(self) -> int:
+        return self.n
+
+
+def _rref_sum(rref: Any) -> float:
+    return float(rref.to_here().sum())
+
+
+def _make_rref(rpc_name: str, v: float) -> Any:
+    rpc = importlib.import_module(rpc_name)
+    return rpc.RRef(torch.full((3,), v))
+
+
+def _rref_is_owner(rref: Any) -> tuple[bool, float]:
+    return rref.is_owner(), float(rref.local_value().sum()) if rref.is_owner() else -1.0
+
+
+@torch.distributed.rpc.functions.async_execution
+def _chained_torch(rpc_name: str, to: str, x: torch.Tensor, y: int, z: int) -> Any:
+    return _async_add_chained(rpc_name, to, x, y, z)
+
+
+@rrpc.functions.async_execution
+def _chained_ringlet(rpc_name: str, to: str, x: torch.Tensor, y: int, z: int) -> Any:
+    return _async_add_chained(rpc_name, to, x, y, z)
+
+
+def _echo(x: Any) -> Any:
+    return x
+
+
+def _err(f: Any) -> tuple[str, bool, str]:
+    try:
+        f()
+    except Exception as e:
+        return (type(e).__name__, isinstance(e, RuntimeError), str(e))
+    return ("none", False, "")
+
+
+# ---------------------------------------------------------------- scenario
+
+
+def _scenario(rank: int, world: int, rpc_name: str, port: int) -> dict[str, Any]:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rpc = importlib.import_module(rpc_name)
+    chained = _chained_ringlet if rpc_name == "ringlet.rpc" else _chained_torch
+    opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=30)
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world, rpc_backend_options=opts)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        nxt, last = "worker1", f"worker{world - 1}"
+        # The seed's examples as written.
+        out["seed_sync"] = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 3))
+        fut1 = rpc.rpc_async("worker1", torch.add, args=(torch.ones(2), 3))
+        fut2 = rpc.rpc_async("worker1", min, args=(1, 2))
+        out["seed_async"] = fut1.wait() + fut2.wait()
+        rref1 = rpc.remote("worker1", torch.add, args=(torch.ones(2), 3))
+        rref2 = rpc.remote("worker1", torch.add, args=(torch.ones(2), 1))
+        out["seed_remote"] = rref1.to_here() + rref2.to_here()
+        out["seed_script"] = _err(lambda: rpc.rpc_sync("worker1", my_script_add,
+                                                       args=(torch.ones(2), 3)))[:2]
+        out["script"] = rpc.rpc_sync("worker1", my_script_add,
+                                     args=(torch.ones(2), torch.ones(2)))
+        # Ways to name the callee, kwargs, builtins.
+        out["kwargs"] = rpc.rpc_sync(1, _kw, args=(4,), kwargs={"b": 2})
+        out["by_info"] = rpc.rpc_sync(rpc.get_worker_info(nxt), _whoami, args=(rpc_name,))
+        out["info"] = (rpc.get_worker_info().name, rpc.get_worker_info().id,
+                       rpc.get_worker_info(last).id)
+        out["max"] = rpc.rpc_sync(nxt, max, args=([3, 9, 4],))
+        out["none"] = rpc.rpc_sync(nxt, _echo, args=(None,))
+        # Nested calls: a third worker, and back to the caller.
+        out["nested_third"] = rpc.rpc_sync(nxt, _nested, args=(rpc_name, last, torch.zeros(2)))
+        out["nested_back"] = rpc.rpc_sync(nxt, _nested, args=(rpc_name, "worker0", torch.ones(2)))
+        out["async_exec"] = rpc.rpc_sync(nxt, chained,
+                                         args=(rpc_name, last, torch.ones(2), 1, 1))
+        # Errors.
+        name, is_rt, text = _err(lambda: rpc.rpc_sync(nxt, _raise_value))
+        out["remote_exc"] = (is_rt, "bad value 42" in text, "Traceback" in text)
+        out["remote_exc_type"] = name
+        t0 = time.monotonic()
+        name, is_rt, text = _err(lambda: rpc.rpc_sync(nxt, _wait, args=(3.0,), timeout=0.3))
+        out["timeout"] = (is_rt, "timeout" in text, time.monotonic() - t0 < 2.5)
+        name, is_rt, text = _err(lambda: rpc.rpc_async(nxt, _wait, args=(3.0,),
+                                                        timeout=0.3).wait())
+        out["timeout_async"] = (is_rt, "timeout" in text)
+        out["timeout_zero"] = rpc.rpc_sync(nxt, _wait, args=(0.05,), timeout=0)
+        out["unknown_name"] = _err(lambda: rpc.rpc_sync("nope", min, args=(1, 2)))[:2]
+        out["unknown_rank"] = _err(lambda: rpc.rpc_sync(99, min, args=(1, 2)))[:2]
+        out["unknown_info"] = _err(lambda: rpc.get_worker_info("nope"))[:2]
+        out["meta_tensor"] = _err(lambda: rpc.rpc_sync(
+            nxt, torch.add, args=(torch.ones(2, device="meta"), 1)))[:2]
+        # Tensors of many sizes, dtypes and layouts.
+        g = torch.Generator().manual_seed(0)
+        ts = [torch.randn(n, generator=g) for n in (0, 1, 256, 1 << 18, 4 << 20)]
+        ts += [torch.randn(64, 64, generator=g).double().t(),  # not contiguous
+               torch.randn(1000, generator=g).bfloat16(), torch.arange(7) % 2 == 0,
+               torch.randint(-100, 100, (33,), generator=g, dtype=torch.int8),
+               torch.ones(2, 3, requires_grad=True)]
+        back = rpc.rpc_sync(nxt, _echo, args=(ts,))
+        out["echo"] = all(torch.equal(a, b) and a.dtype == b.dtype and a.shape == b.shape
+                          for a, b in zip(ts, back))
+        out["echo_requires_grad"] = back[-1].requires_grad
+        out["echo_struct"] = rpc.rpc_sync(nxt, _echo, args=({"a": (1, [ts[2]]), "b": "x"},))
+        # RRefs.
+        r = rpc.remote(nxt, torch.add, args=(torch.ones(2), 3))
+        out["rref"] = (r.to_here(), r.owner_name(), r.owner().id, r.is_owner())
+        # torch 2.13 answers False here now and then (its confirmation races
+        # the fetch); ringlet's to_here waits for it. Checked, not compared.
+        out["rref_confirmed"] = r.confirmed_by_owner()
+        out["rref_local_value_user"] = _err(r.local_value)[:2]
+        local = rpc.RRef(torch.ones(4))
+        out["rref_local"] = (local.is_owner(), local.local_value().sum().item(),
+                             local.to_here().sum().item(), local.owner_name())
+        out["rref_arg_back_to_owner"] = rpc.rpc_sync(nxt, _rref_sum, args=(local,))
+        out["rref_arg_to_owner"] = rpc.rpc_sync(nxt, _rref_is_owner, args=(r,))
+        counter = rpc.remote(nxt, Counter, args=(5,))
+        out["proxy_sync"] = counter.rpc_sync().add(3)
+        out["proxy_async"] = counter.rpc_async().add(2).wait()
+        out["proxy_remote"] = counter.remote().get().to_here()
+        res = rpc.rpc_sync(nxt, _make_rref, args=(rpc_name, 2.0))
+        out["rref_result"] = (res.to_here().sum().item(), res.owner_name())
+        if world >= 3:
+            out["rref_third"] = rpc.rpc_sync(last, _rref_sum, args=(res,))
+        # Many calls in flight, and many threads at once.
+        futs = [rpc.rpc_async(nxt, torch.add, args=(torch.full((2,), float(i)), 1))
+                for i in range(2500)]
+        out["in_flight"] = sum(float(f.wait()[0]) for f in futs)
+        results: dict[int, list[int]] = {}
+
+        def worker(k: int) -> None:
+            results[k] = [rpc.rpc_sync(1 + (k % (world - 1)), _kw, args=(k, i))
+                          for i in range(40)]
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        out["threads"] = [results[k] for k in range(8)]
+        del r, counter, res, rref1, rref2
+    rpc.shutdown()
+    return _to_plain(out)
+
+
+def _to_plain(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return ("tensor", v.dtype, v.tolist())
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_plain(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_plain(x) for k, x in v.items()}
+    return v
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_same_as_torch(world: int) -> None:
+    ref = launch(world, _scenario, "torch.distributed.rpc", free_port(), init=False,
+                 timeout=150)[0]
+    for transport in ("shm", "tcp"):
+        got = launch(world, _scenario, "ringlet.rpc", free_port(), init=False,
+                     transport=transport, timeout=150)[0]
+        assert set(got) == set(ref)
+        for key in ref:
+            if key == "rref_confirmed":
+                continue
+            assert got[key] == ref[key], (transport, key, got[key], ref[key])
+        assert got["remote_exc_type"] == "ValueError"
+        assert got["timeout"] == (True, True, True)
+        assert got["echo"] and got["rref_confirmed"]
+        assert got["in_flight"] == sum(i + 1.0 for i in range(2500))
+
+
+# --------------------------------------------------------- ringlet-only
+
+
+def _owner_table_size() -> int:
+    from ringlet.rpc import rref
+
+    gc.collect()
+    return len(rref._owners)
+
+
+def _refused() -> int:
+    return int(rrpc._get_current_rpc_agent().refused())
+
+
+def _my_port() -> int:
+    return int(rrpc._get_current_rpc_agent().port)
+
+
+def _exit_now() -> None:
+    os._exit(3)
+
+
+def _relay(to: str) -> Any:
+    return rrpc.rpc_sync(to, _exit_now)
+
+
+def _good_header(payload_len: int) -> bytes:
+    """A valid request header (same check word as rust/ringlet-core/src/rpc/frame.rs)."""
+    words = [1, 0, 7, payload_len, 0, 0]
+    x = 0x9E3779B97F4A7C15
+    for w in words:
+        x = ((x ^ w) * 0x100000001B3) & (2**64 - 1)
+        x = ((x << 29) | (x >> 35)) & (2**64 - 1)
+    return struct.pack("<IBBHQQIIQQ", 0x52504331, 1, 0, 0, 7, payload_len, 0, 0, 0, x)
+
+
+def _ringlet_only(rank: int, world: int, port: int) -> dict[str, Any]:
+    from ringlet.rpc import rref as rref_mod
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    out: dict[str, Any] = {}
+    rrpc.init_rpc(f"w{rank}", rank=rank, world_size=world)
+    if rank == 0:
+        # Reference counting: the owner frees the value once nobody holds it.
+        base = rrpc.rpc_sync("w1", _owner_table_size)
+        held = [rrpc.remote("w1", torch.ones, args=(3,)) for _ in range(5)]
+        for h in held:
+            h.to_here()
+        out["held"] = rrpc.rpc_sync("w1", _owner_table_size) - base
+        shared = held[0]
+        out["forked"] = rrpc.rpc_sync("w2", _rref_sum, args=(shared,))
+        del held, h, shared
+        rref_mod._release_all(10.0)
+        out["released"] = rrpc.rpc_sync("w1", _owner_table_size) - base
+        # A malformed request fails that call only.
+        out["malformed"] = _err(lambda: rrpc.api._send_raw("w1", b"\x80garbage").wait())[:2]
+        out["after_malformed"] = rrpc.rpc_sync("w1", min, args=(4, 5))
+        # A connection without the token is refused (the server closes it).
+        port1 = rrpc.rpc_sync("w1", _my_port)
+        before = rrpc.rpc_sync("w1", _refused)
+        with socket.create_connection(("127.0.0.1", port1), timeout=10) as s:
+            s.sendall(struct.pack("<4Q", 0x5249_4E47_5250_4301, 12345, 0, os.getpid()))
+            out["bad_token_eof"] = s.recv(16) == b""
+        out["refused"] = rrpc.rpc_sync("w1", _refused) - before
+        out["after_refused"] = rrpc.rpc_sync("w1", min, args=(7, 5))
+        # With the token: garbage after the greeting, then a truncated frame.
+        st = rrpc.api._require()
+        token = int(bytes(st.store.get(f"{st.prefix}/token")).decode())
+        hello = struct.pack("<4Q", 0x5249_4E47_5250_4301, token, 0, os.getpid())
+        for junk in (b"\xff" * 48, _good_header(payload_len=1 << 33) + b"\x80\x05 only part"):
+            with socket.create_connection(("127.0.0.1", port1), timeout=10) as s:
+                s.sendall(hello)
+                s.recv(32)  # the server's greeting
+                s.sendall(junk)
+                if junk[0] == 0xFF:
+                    out["garbage_closed"] = s.recv(16) == b""
+        out["after_junk"] = rrpc.rpc_sync("w1", min, args=(8, 9))
+        # A worker that dies fails the calls that depend on it, everywhere.
+        victim = rrpc.remote("w2", torch.ones, args=(2,))
+        victim.to_here()
+        t0 = time.monotonic()
+        out["relay"] = _err(lambda: rrpc.rpc_sync("w1", _relay, args=("w2",)))
+        out["direct"] = _err(lambda: rrpc.rpc_sync("w2", min, args=(1, 2)))[:2]
+        out["rref_fetch"] = _err(victim.to_here)
+        out["fault_s"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        _done.set()
+        rrpc.shutdown(graceful=False)
+        out["ungraceful_s"] = time.monotonic() - t0
+    elif rank == 1:
+        # Stays up until rank 0 is done with it, then leaves at once.
+        try:
+            rrpc.rpc_sync("w0", _wait_for_rank0_done)
+        except RuntimeError:
+            pass  # w0 may close first
+        rrpc.shutdown(graceful=False)
+    else:
+        threading.Event().wait(60)  # killed by w1's relayed call long before
+    return out
+
+
+_done = threading.Event()
+
+
+def _wait_for_rank0_done() -> None:
+    # w0's ungraceful shutdown closes the connection: the call fails then.
+    _done.wait(30)
+
+
+def test_ringlet_only_refcount_frames_token_faults() -> None:
+    out = launch(3, _ringlet_only, free_port(), init=False, expect_dead=(1, 2),
+                 timeout=120)
+    r = out[0]
+    assert r["held"] == 5
+    assert r["forked"] == 3.0
+    assert r["released"] == 0
+    assert r["malformed"][1] is True
+    assert r["after_malformed"] == 4
+    assert r["bad_token_eof"] and r["refused"] == 1 and r["after_refused"] == 5
+    assert r["garbage_closed"] and r["after_junk"] == 8
+    _name, is_rt, text = r["relay"]
+    assert is_rt and "w2" in text, r["relay"]
+    assert r["direct"][1] is True
+    assert r["rref_fetch"][1] and "w2" in r["rref_fetch"][2], r["rref_fetch"]
+    assert r["fault_s"] < 10
+    assert r["ungraceful_s"] < 2
+
+
+def test_init_errors() -> None:
+    with pytest.raises(RuntimeError):
+        rrpc.init_rpc("bad name!", rank=0, world_size=1)
+    with pytest.raises(RuntimeError):
+        rrpc.init_rpc("x" * 128, rank=0, world_size=1)
+    with pytest.raises(RuntimeError):
+        rrpc.get_worker_info()
+
+
+def _dup(rank: int, world: int, port: int) -> str:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        rrpc.init_rpc("same", rank=rank, world_size=world)
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_duplicate_name() -> None:
+    out = launch(2, _dup, free_port(), init=False, timeout=60)
+    assert all("unique" in v for v in out.values()), out

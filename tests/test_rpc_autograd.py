@@ -1,0 +1,250 @@
+"""Distributed autograd and the distributed optimizer on ringlet.rpc.
+
+A model split over three workers (nested calls and fan-out) trained with
+``ringlet.rpc.autograd`` + ``DistributedOptimizer`` must end with the same
+parameters as the same model trained locally; two trainers sharing a
+parameter server get independent contexts; unknown contexts and a worker that
+dies before backward raise.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+import ringlet.rpc as rpc
+import ringlet.rpc.autograd as dist_autograd
+from ringlet.rpc.optim import DistributedOptimizer
+
+from conftest import free_port, launch
+
+STEPS = 3
+
+
+def _layers() -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    return torch.nn.Linear(6, 5), torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)
+
+
+def _make(i: int) -> torch.nn.Module:
+    return _layers()[i]
+
+
+def _param_rrefs(m: Any) -> list[Any]:
+    return [rpc.RRef(p) for p in m.local_value().parameters()]
+
+
+def _state(m: Any) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in m.local_value().parameters()]
+
+
+def _stage2(m2: Any, m3: Any, h: torch.Tensor) -> torch.Tensor:
+    # Nested: worker1 calls worker2 for the last layer.
+    z = torch.tanh(m2.local_value()(h))
+    return rpc.rpc_sync("w2", _stage3, args=(m3, z))
+
+
+def _stage3(m3: Any, z: torch.Tensor) -> torch.Tensor:
+    return m3.local_value()(z)
+
+
+def _side(m3: Any, x: torch.Tensor) -> torch.Tensor:
+    # Fan-out: worker0 also calls worker2 directly, with its own input.
+    return (m3.local_value().weight.sum() * x).sum(1, keepdim=True)
+
+
+def _grads_none(m: Any) -> bool:
+    return all(p.grad is None for p in m.local_value().parameters())
+
+
+def _num_contexts() -> int:
+    return len(dist_autograd._contexts)
+
+
+class _DieInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        os._exit(3)  # this worker dies while the backward pass runs through it
+
+
+def _fragile(x: torch.Tensor) -> torch.Tensor:
+    return _DieInBackward.apply(x)
+
+
+_release_w1 = threading.Event()
+
+
+def _hold() -> None:
+    _release_w1.wait(60)
+
+
+def _split_model(rank: int, world: int, port: int) -> dict[str, Any]:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=world)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        l1 = _layers()[0]
+        m2 = rpc.remote("w1", _make, args=(1,))
+        m3 = rpc.remote("w2", _make, args=(2,))
+        params = [rpc.RRef(p) for p in l1.parameters()]
+        params += rpc.rpc_sync("w1", _param_rrefs, args=(m2,))
+        params += rpc.rpc_sync("w2", _param_rrefs, args=(m3,))
+        opt = DistributedOptimizer(torch.optim.SGD, params, lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        xs = [torch.randn(8, 6, generator=g) for _ in range(STEPS)]
+        for step, x in enumerate(xs):
+            with dist_autograd.context() as cid:
+                y = rpc.rpc_sync("w1", _stage2, args=(m2, m3, torch.relu(l1(x))))
+                s = rpc.rpc_sync("w2", _side, args=(m3, x))
+                loss = ((y + s) ** 2).mean()
+                dist_autograd.backward(cid, [loss])
+                if step == 0:
+                    out["grad_untouched"] = (
+                        l1.weight.grad is None
+                        and rpc.rpc_sync("w1", _grads_none, args=(m2,))
+                        and rpc.rpc_sync("w2", _grads_none, args=(m3,)))
+                    out["local_grads"] = len(dist_autograd.get_gradients(cid))
+                opt.step(cid)
+        out["finished_ctx"] = _err(lambda: dist_autograd.get_gradients(cid))
+        out["contexts_left"] = [rpc.rpc_sync(f"w{r}", _num_contexts) for r in range(3)]
+        out["unknown_ctx"] = _err(lambda: dist_autograd.backward(
+            123456789, [torch.ones(1, requires_grad=True).sum()]))
+        got = [p.detach().clone() for p in l1.parameters()]
+        got += rpc.rpc_sync("w1", _state, args=(m2,)) + rpc.rpc_sync("w2", _state, args=(m3,))
+        # The same model trained locally.
+        r1, r2, r3 = _layers()
+        lopt = torch.optim.SGD([*r1.parameters(), *r2.parameters(), *r3.parameters()], lr=0.05)
+        for x in xs:
+            lopt.zero_grad()
+            y = r3(torch.tanh(r2(torch.relu(r1(x)))))
+            s = (r3.weight.sum() * x).sum(1, keepdim=True)
+            ((y + s) ** 2).mean().backward()
+            lopt.step()
+        want = [p.detach() for m in (r1, r2, r3) for p in m.parameters()]
+        out["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, want))
+        # RRef.backward in a context.
+        with dist_autograd.context() as cid:
+            w = torch.ones(3, requires_grad=True)
+            loss_rref = rpc.remote("w1", torch.sum, args=(w * 3,))
+            loss_rref.backward(cid)
+            out["rref_backward"] = dist_autograd.get_gradients(cid)[w].tolist()
+        # A worker that dies in the middle of backward fails it, naming the worker.
+        with dist_autograd.context() as cid:
+            x = torch.ones(2, requires_grad=True)
+            y = rpc.rpc_sync("w2", _fragile, args=(x,))
+            out["dead_backward"] = _err(lambda: dist_autograd.backward(cid, [y.sum()]))
+        rpc.rpc_async("w1", _release)
+        rpc.shutdown(graceful=False)
+    elif rank == 1:
+        try:
+            rpc.rpc_sync("w1", _hold)  # until w0 is done
+        except RuntimeError:
+            pass
+        rpc.shutdown(graceful=False)
+    else:
+        threading.Event().wait(60)  # w0 ends this worker
+    return out
+
+
+def _release() -> None:
+    _release_w1.set()
+
+
+def _err(f: Any) -> tuple[str, str]:
+    try:
+        f()
+    except Exception as e:
+        return (type(e).__name__, str(e))
+    return ("none", "")
+
+
+def test_split_model_equals_local_training() -> None:
+    r = launch(3, _split_model, free_port(), init=False, expect_dead=(1, 2), timeout=150)[0]
+    assert r["max_diff"] < 1e-6, r["max_diff"]
+    assert r["grad_untouched"] is True
+    assert r["local_grads"] == 2  # l1.weight, l1.bias on this worker
+    assert r["finished_ctx"][0] == "RuntimeError"
+    assert r["contexts_left"] == [0, 0, 0]
+    assert r["unknown_ctx"][0] == "RuntimeError" and "123456789" in r["unknown_ctx"][1]
+    assert r["rref_backward"] == [3.0, 3.0, 3.0]
+    assert r["dead_backward"][0] == "RuntimeError" and "w2" in r["dead_backward"][1], r
+
+
+# ------------------------------------------------------- parameter server
+
+
+class _PS:
+    def __init__(self) -> None:
+        torch.manual_seed(3)
+        self.model = torch.nn.Linear(4, 2)
+        self.barrier = threading.Barrier(2)
+
+
+def _ps_forward(ps: Any, x: torch.Tensor) -> torch.Tensor:
+    return ps.local_value().model(x)
+
+
+def _ps_grads(ps: Any, cid: int) -> list[torch.Tensor]:
+    g = dist_autograd.get_gradients(cid)
+    return [g[p] for p in ps.local_value().model.parameters()]
+
+
+def _ps_params(ps: Any) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in ps.local_value().model.parameters()]
+
+
+def _ps_param_rrefs(ps: Any) -> list[Any]:
+    return [rpc.RRef(p) for p in ps.local_value().model.parameters()]
+
+
+def _ps_wait(ps: Any) -> None:
+    ps.local_value().barrier.wait(30)
+
+
+def _trainer(ps: Any, rank: int) -> tuple[float, list[torch.Tensor]]:
+    x = torch.full((3, 4), float(rank))
+    p0 = rpc.rpc_sync("w0", _ps_params, args=(ps,))
+    opt = DistributedOptimizer(torch.optim.SGD, rpc.rpc_sync("w0", _ps_param_rrefs, args=(ps,)),
+                               lr=0.1)
+    with dist_autograd.context() as cid:
+        loss = (rpc.rpc_sync("w0", _ps_forward, args=(ps, x)) ** 2).sum()
+        dist_autograd.backward(cid, [loss])
+        got = rpc.rpc_sync("w0", _ps_grads, args=(ps, cid))
+        w, b = (t.clone().requires_grad_(True) for t in p0)
+        ((x @ w.t() + b) ** 2).sum().backward()
+        diff = max(float((got[0] - w.grad).abs().max()), float((got[1] - b.grad).abs().max()))
+        rpc.rpc_sync("w0", _ps_wait, args=(ps,))  # both trainers computed theirs
+        opt.step(cid)
+    return diff, [w.grad, b.grad]
+
+
+def _ps_job(rank: int, world: int, port: int) -> Any:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=world)
+    out: Any = None
+    if rank == 0:
+        ps = rpc.RRef(_PS())
+        p0 = _ps_params(ps)
+        futs = [rpc.rpc_async(f"w{t}", _trainer, args=(ps, t)) for t in (1, 2)]
+        res = [f.wait() for f in futs]
+        final = _ps_params(ps)
+        want = [p - 0.1 * (res[0][1][i] + res[1][1][i]) for i, p in enumerate(p0)]
+        out = {"grad_diffs": [r[0] for r in res],
+               "final_diff": max(float((a - b).abs().max()) for a, b in zip(final, want))}
+    rpc.shutdown()
+    return out
+
+
+def test_two_trainers_share_a_parameter_server() -> None:
+    r = launch(3, _ps_job, free_port(), init=False, timeout=150)[0]
+    assert max(r["grad_diffs"]) < 1e-6, r
+    assert r["final_diff"] < 1e-6, r
