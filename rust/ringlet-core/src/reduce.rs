@@ -14,8 +14,12 @@ use crate::error::{Error, Result};
 use bytemuck::Pod;
 use half::{bf16, f16};
 
-/// Elements processed per block when widening half floats to float32.
-const HALF_BLOCK: usize = 1024;
+mod half_simd;
+
+/// Elements processed per block when widening half floats to float32: the
+/// accumulator and one widened source (2 x 8 KiB) stay in L1 while every
+/// source is converted once and folded in.
+const HALF_BLOCK: usize = 2048;
 
 fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T]> {
     if bytes.is_empty() {
@@ -129,23 +133,25 @@ fn float_inplace<T: Float>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Resu
 }
 
 trait Half: Pod {
-    fn widen(self) -> f32;
-    fn narrow(v: f32) -> Self;
+    /// Widens `min(src.len(), dst.len())` elements.
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// Narrows `min(src.len(), dst.len())` elements, round to nearest even.
+    fn narrow(src: &[f32], dst: &mut [Self]);
 }
 impl Half for f16 {
-    fn widen(self) -> f32 {
-        self.to_f32()
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        half_simd::widen_f16(src, dst)
     }
-    fn narrow(v: f32) -> Self {
-        f16::from_f32(v)
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        half_simd::narrow_f16(src, dst)
     }
 }
 impl Half for bf16 {
-    fn widen(self) -> f32 {
-        self.to_f32()
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        half_simd::widen_bf16(src, dst)
     }
-    fn narrow(v: f32) -> Self {
-        bf16::from_f32(v)
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        half_simd::narrow_bf16(src, dst)
     }
 }
 
@@ -158,18 +164,12 @@ fn half_inplace<H: Half>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Result
     while start < d.len() {
         let n = HALF_BLOCK.min(d.len() - start);
         let block = &mut d[start..start + n];
-        for (a, h) in acc.iter_mut().zip(block.iter()) {
-            *a = h.widen();
-        }
+        H::widen(block, &mut acc[..n]);
         for src in &s {
-            for (w, h) in wide.iter_mut().zip(&src[start..start + n]) {
-                *w = h.widen();
-            }
+            H::widen(&src[start..start + n], &mut wide[..n]);
             float_slices(op, &mut acc[..n], &wide[..n]);
         }
-        for (h, a) in block.iter_mut().zip(acc.iter()) {
-            *h = H::narrow(*a);
-        }
+        H::narrow(&acc[..n], block);
         start += n;
     }
     Ok(())
@@ -249,16 +249,12 @@ pub fn narrow_half(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
 }
 
 fn widen<H: Half>(src: &[u8], dst: &mut [f32]) -> Result<()> {
-    for (d, h) in dst.iter_mut().zip(cast::<H>(src)?) {
-        *d = h.widen();
-    }
+    H::widen(cast::<H>(src)?, dst);
     Ok(())
 }
 
 fn narrow<H: Half>(src: &[f32], dst: &mut [u8]) -> Result<()> {
-    for (h, s) in cast_mut::<H>(dst)?.iter_mut().zip(src) {
-        *h = H::narrow(*s);
-    }
+    H::narrow(src, cast_mut::<H>(dst)?);
     Ok(())
 }
 
@@ -336,6 +332,127 @@ mod tests {
         reduce_into(DType::F16, ReduceOp::Sum, &mut d, &refs).unwrap();
         let r: &[f16] = bytemuck::cast_slice(&d);
         assert!(r.iter().all(|v| v.to_f32() == 2050.0));
+    }
+
+    /// The half-precision kernel as it was before the block conversions:
+    /// `half`'s scalar conversions one element at a time, the float32 ops of
+    /// `float_slices` in source order. (The float32 ops are shared on purpose:
+    /// for NaN + NaN Rust leaves open which payload comes out, so an
+    /// independently compiled loop could differ from both in that case.)
+    fn scalar_half_reference<H: Pod>(
+        op: ReduceOp,
+        dst: &mut [H],
+        srcs: &[&[H]],
+        widen: fn(H) -> f32,
+        narrow: fn(f32) -> H,
+    ) {
+        let mut acc: Vec<f32> = dst.iter().map(|h| widen(*h)).collect();
+        for s in srcs {
+            let wide: Vec<f32> = s.iter().map(|h| widen(*h)).collect();
+            float_slices(op, &mut acc, &wide);
+        }
+        for (d, a) in dst.iter_mut().zip(&acc) {
+            *d = narrow(*a);
+        }
+    }
+
+    /// Half-precision inputs mixing ordinary values with zeros, subnormals,
+    /// infinities, NaNs and values whose sums overflow or need rounding.
+    fn half_inputs(n: usize, seed: u64) -> Vec<u16> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let r = state as u16;
+                match i % 11 {
+                    0 => [
+                        0x0000, 0x8000, 0x0001, 0x7c00, 0xfc00, 0x7e01, 0x7f80, 0x7fc1,
+                    ][r as usize % 8],
+                    1 => 0x7bff ^ (r & 0x8003), // large float16 / bfloat16 near the top
+                    2 => r & 0x83ff,            // float16 subnormals, tiny bfloat16
+                    _ => r,
+                }
+            })
+            .collect()
+    }
+
+    fn check_half_against_scalar<H: Pod + PartialEq + std::fmt::Debug>(
+        dtype: DType,
+        from_bits: fn(u16) -> H,
+        widen: fn(H) -> f32,
+        narrow: fn(f32) -> H,
+    ) {
+        let to_bits = |v: &[H]| -> Vec<u16> { bytemuck::cast_slice(v).to_vec() };
+        for n in [
+            0,
+            1,
+            7,
+            8,
+            9,
+            HALF_BLOCK - 1,
+            HALF_BLOCK,
+            HALF_BLOCK + 5,
+            3 * HALF_BLOCK + 17,
+        ] {
+            for nsrc in 0..=4 {
+                let dst0: Vec<H> = half_inputs(n, 99).into_iter().map(from_bits).collect();
+                let srcs: Vec<Vec<H>> = (0..nsrc)
+                    .map(|k| {
+                        half_inputs(n, 7 + k as u64)
+                            .into_iter()
+                            .map(from_bits)
+                            .collect()
+                    })
+                    .collect();
+                let src_refs: Vec<&[H]> = srcs.iter().map(|s| s.as_slice()).collect();
+                let src_bytes: Vec<&[u8]> = srcs.iter().map(|s| bytemuck::cast_slice(s)).collect();
+                for op in [ReduceOp::Sum, ReduceOp::Mul, ReduceOp::Min, ReduceOp::Max] {
+                    let mut want = dst0.clone();
+                    scalar_half_reference(op, &mut want, &src_refs, widen, narrow);
+                    let mut got = dst0.clone();
+                    reduce_inplace(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
+                        .unwrap();
+                    if let Some(i) = (0..n).find(|&i| to_bits(&got)[i] != to_bits(&want)[i]) {
+                        panic!(
+                            "{dtype:?} {op:?} n={n} sources={nsrc} at {i}: dst {:#06x} srcs {:x?} got {:#06x} want {:#06x}",
+                            to_bits(&dst0)[i],
+                            srcs.iter().map(|s| to_bits(s)[i]).collect::<Vec<_>>(),
+                            to_bits(&got)[i],
+                            to_bits(&want)[i]
+                        );
+                    }
+                    if let Some(first) = src_bytes.first() {
+                        let mut got = vec![from_bits(0); n];
+                        reduce_into(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
+                            .unwrap();
+                        let mut want: Vec<H> = bytemuck::cast_slice(first).to_vec();
+                        scalar_half_reference(op, &mut want, &src_refs[1..], widen, narrow);
+                        assert_eq!(to_bits(&got), to_bits(&want), "into {dtype:?} {op:?} n={n}");
+                    }
+                }
+            }
+        }
+        // widen_half / narrow_half round-trip through the same conversions.
+        let bits = half_inputs(5000, 3);
+        let hs: Vec<H> = bits.iter().copied().map(from_bits).collect();
+        let mut wide = vec![0f32; hs.len()];
+        widen_half(dtype, bytemuck::cast_slice(&hs), &mut wide).unwrap();
+        assert!(wide
+            .iter()
+            .zip(&hs)
+            .all(|(w, h)| w.to_bits() == widen(*h).to_bits()));
+        let mut back = vec![0u8; hs.len() * 2];
+        narrow_half(dtype, &wide, &mut back).unwrap();
+        let want: Vec<H> = wide.iter().map(|w| narrow(*w)).collect();
+        assert_eq!(back, bytemuck::cast_slice::<H, u8>(&want));
+    }
+
+    #[test]
+    fn half_kernels_match_scalar_reference() {
+        check_half_against_scalar(DType::F16, f16::from_bits, f16::to_f32, f16::from_f32);
+        check_half_against_scalar(DType::BF16, bf16::from_bits, bf16::to_f32, bf16::from_f32);
     }
 
     #[test]
