@@ -16,11 +16,6 @@ use half::{bf16, f16};
 
 mod half_simd;
 
-/// Elements processed per block when widening half floats to float32: the
-/// accumulator and one widened source (2 x 8 KiB) stay in L1 while every
-/// source is converted once and folded in.
-const HALF_BLOCK: usize = 2048;
-
 fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T]> {
     if bytes.is_empty() {
         return Ok(&[]);
@@ -137,6 +132,8 @@ trait Half: Pod {
     fn widen(src: &[Self], dst: &mut [f32]);
     /// Narrows `min(src.len(), dst.len())` elements, round to nearest even.
     fn narrow(src: &[f32], dst: &mut [Self]);
+    /// `dst = dst op srcs[0] op srcs[1] ...` in float32, rounded once.
+    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy);
 }
 impl Half for f16 {
     fn widen(src: &[Self], dst: &mut [f32]) {
@@ -144,6 +141,9 @@ impl Half for f16 {
     }
     fn narrow(src: &[f32], dst: &mut [Self]) {
         half_simd::narrow_f16(src, dst)
+    }
+    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy) {
+        half_simd::reduce_f16(dst, srcs, op)
     }
 }
 impl Half for bf16 {
@@ -153,24 +153,24 @@ impl Half for bf16 {
     fn narrow(src: &[f32], dst: &mut [Self]) {
         half_simd::narrow_bf16(src, dst)
     }
+    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy) {
+        half_simd::reduce_bf16(dst, srcs, op)
+    }
 }
 
+/// Widens each group of 8 elements of the destination and of every source to
+/// float32 in registers, folds them with the float32 kernel's lane operations
+/// in source order and rounds once (see `half_simd`).
 fn half_inplace<H: Half>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Result<()> {
     let d = cast_mut::<H>(dst)?;
     let s: Vec<&[H]> = srcs.iter().map(|s| cast::<H>(s)).collect::<Result<_>>()?;
-    let mut acc = [0f32; HALF_BLOCK];
-    let mut wide = [0f32; HALF_BLOCK];
-    let mut start = 0;
-    while start < d.len() {
-        let n = HALF_BLOCK.min(d.len() - start);
-        let block = &mut d[start..start + n];
-        H::widen(block, &mut acc[..n]);
-        for src in &s {
-            H::widen(&src[start..start + n], &mut wide[..n]);
-            float_slices(op, &mut acc[..n], &wide[..n]);
-        }
-        H::narrow(&acc[..n], block);
-        start += n;
+    match op {
+        ReduceOp::Sum => H::reduce(d, &s, |a, b| a + b),
+        ReduceOp::Mul => H::reduce(d, &s, |a, b| a * b),
+        ReduceOp::Min => H::reduce(d, &s, fmin::<f32>),
+        ReduceOp::Max => H::reduce(d, &s, fmax::<f32>),
+        // Rejected by ReduceOp::check before dispatch.
+        ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => {}
     }
     Ok(())
 }
@@ -334,11 +334,8 @@ mod tests {
         assert!(r.iter().all(|v| v.to_f32() == 2050.0));
     }
 
-    /// The half-precision kernel as it was before the block conversions:
-    /// `half`'s scalar conversions one element at a time, the float32 ops of
-    /// `float_slices` in source order. (The float32 ops are shared on purpose:
-    /// for NaN + NaN Rust leaves open which payload comes out, so an
-    /// independently compiled loop could differ from both in that case.)
+    /// The half-precision reduction one element at a time: `half`'s scalar
+    /// conversions, the float32 lane operations in source order, one rounding.
     fn scalar_half_reference<H: Pod>(
         op: ReduceOp,
         dst: &mut [H],
@@ -346,13 +343,19 @@ mod tests {
         widen: fn(H) -> f32,
         narrow: fn(f32) -> H,
     ) {
-        let mut acc: Vec<f32> = dst.iter().map(|h| widen(*h)).collect();
-        for s in srcs {
-            let wide: Vec<f32> = s.iter().map(|h| widen(*h)).collect();
-            float_slices(op, &mut acc, &wide);
-        }
-        for (d, a) in dst.iter_mut().zip(&acc) {
-            *d = narrow(*a);
+        for (i, d) in dst.iter_mut().enumerate() {
+            let mut acc = widen(*d);
+            for s in srcs {
+                let b = widen(s[i]);
+                acc = match op {
+                    ReduceOp::Sum => acc + b,
+                    ReduceOp::Mul => acc * b,
+                    ReduceOp::Min => fmin(acc, b),
+                    ReduceOp::Max => fmax(acc, b),
+                    ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => unreachable!(),
+                };
+            }
+            *d = narrow(acc);
         }
     }
 
@@ -378,81 +381,159 @@ mod tests {
             .collect()
     }
 
-    fn check_half_against_scalar<H: Pod + PartialEq + std::fmt::Debug>(
+    /// One half-precision format, as the tests see it.
+    struct Format<H> {
         dtype: DType,
         from_bits: fn(u16) -> H,
         widen: fn(H) -> f32,
         narrow: fn(f32) -> H,
-    ) {
-        let to_bits = |v: &[H]| -> Vec<u16> { bytemuck::cast_slice(v).to_vec() };
-        for n in [
-            0,
-            1,
-            7,
-            8,
-            9,
-            HALF_BLOCK - 1,
-            HALF_BLOCK,
-            HALF_BLOCK + 5,
-            3 * HALF_BLOCK + 17,
-        ] {
+        portable: fn(ReduceOp, &mut [H], &[&[H]]),
+    }
+
+    impl<H: Pod> Format<H> {
+        fn bits(&self, h: H) -> u16 {
+            bytemuck::cast(h)
+        }
+
+        fn is_nan(&self, h: H) -> bool {
+            (self.widen)(h).is_nan()
+        }
+
+        /// Whether a kernel result matches the reference at one element.
+        /// Bits must be equal, except where two or more NaNs meet in `a + b`
+        /// or `a * b` (NaN inputs, or a NaN made by `inf - inf` or `0 * inf`):
+        /// Rust leaves open which payload comes out, and the compiler may
+        /// swap the operands (the kernel before this one already differed
+        /// there between its vector body and its scalar tail), so any of
+        /// those NaNs, quieted, is accepted.
+        fn same(&self, op: ReduceOp, got: H, want: H, inputs: &[H]) -> bool {
+            if self.bits(got) == self.bits(want) {
+                return true;
+            }
+            if matches!(op, ReduceOp::Min | ReduceOp::Max)
+                || !self.is_nan(got)
+                || !self.is_nan(want)
+            {
+                return false;
+            }
+            let mut nans: Vec<u16> = inputs
+                .iter()
+                .filter(|h| self.is_nan(**h))
+                .map(|h| self.bits((self.narrow)((self.widen)(*h))))
+                .collect();
+            if !nans.contains(&self.bits(want)) {
+                nans.push(self.bits(want)); // a NaN the operations made
+            }
+            nans.len() >= 2 && nans.contains(&self.bits(got))
+        }
+    }
+
+    fn check_half_against_scalar<H: Pod>(f: Format<H>) {
+        let dtype = f.dtype;
+        for n in [0, 1, 7, 8, 9, 15, 16, 17, 2047, 2048, 6161] {
             for nsrc in 0..=4 {
-                let dst0: Vec<H> = half_inputs(n, 99).into_iter().map(from_bits).collect();
-                let srcs: Vec<Vec<H>> = (0..nsrc)
-                    .map(|k| {
-                        half_inputs(n, 7 + k as u64)
-                            .into_iter()
-                            .map(from_bits)
-                            .collect()
-                    })
-                    .collect();
+                let make = |seed| -> Vec<H> {
+                    half_inputs(n, seed).into_iter().map(f.from_bits).collect()
+                };
+                let dst0 = make(99);
+                let srcs: Vec<Vec<H>> = (0..nsrc).map(|k| make(7 + k as u64)).collect();
                 let src_refs: Vec<&[H]> = srcs.iter().map(|s| s.as_slice()).collect();
                 let src_bytes: Vec<&[u8]> = srcs.iter().map(|s| bytemuck::cast_slice(s)).collect();
                 for op in [ReduceOp::Sum, ReduceOp::Mul, ReduceOp::Min, ReduceOp::Max] {
                     let mut want = dst0.clone();
-                    scalar_half_reference(op, &mut want, &src_refs, widen, narrow);
+                    scalar_half_reference(op, &mut want, &src_refs, f.widen, f.narrow);
                     let mut got = dst0.clone();
                     reduce_inplace(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
                         .unwrap();
-                    if let Some(i) = (0..n).find(|&i| to_bits(&got)[i] != to_bits(&want)[i]) {
-                        panic!(
-                            "{dtype:?} {op:?} n={n} sources={nsrc} at {i}: dst {:#06x} srcs {:x?} got {:#06x} want {:#06x}",
-                            to_bits(&dst0)[i],
-                            srcs.iter().map(|s| to_bits(s)[i]).collect::<Vec<_>>(),
-                            to_bits(&got)[i],
-                            to_bits(&want)[i]
+                    // The portable kernel, which other CPUs run.
+                    let mut portable = dst0.clone();
+                    (f.portable)(op, &mut portable, &src_refs);
+                    for i in 0..n {
+                        let mut inputs = vec![dst0[i]];
+                        inputs.extend(srcs.iter().map(|s| s[i]));
+                        assert!(
+                            f.same(op, portable[i], want[i], &inputs),
+                            "portable {dtype:?} {op:?} n={n} sources={nsrc} at {i}"
+                        );
+                        assert!(
+                            f.same(op, got[i], want[i], &inputs),
+                            "{dtype:?} {op:?} n={n} sources={nsrc} at {i}: inputs {:x?} got {:#06x} want {:#06x}",
+                            inputs.iter().map(|h| f.bits(*h)).collect::<Vec<_>>(),
+                            f.bits(got[i]),
+                            f.bits(want[i]),
                         );
                     }
-                    if let Some(first) = src_bytes.first() {
-                        let mut got = vec![from_bits(0); n];
+                    if let Some(first) = src_refs.first() {
+                        let mut got = vec![(f.from_bits)(0); n];
                         reduce_into(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
                             .unwrap();
-                        let mut want: Vec<H> = bytemuck::cast_slice(first).to_vec();
-                        scalar_half_reference(op, &mut want, &src_refs[1..], widen, narrow);
-                        assert_eq!(to_bits(&got), to_bits(&want), "into {dtype:?} {op:?} n={n}");
+                        let mut want = first.to_vec();
+                        scalar_half_reference(op, &mut want, &src_refs[1..], f.widen, f.narrow);
+                        for i in 0..n {
+                            let inputs: Vec<H> = srcs.iter().map(|s| s[i]).collect();
+                            assert!(
+                                f.same(op, got[i], want[i], &inputs),
+                                "into {dtype:?} {op:?} n={n} at {i}"
+                            );
+                        }
                     }
                 }
             }
         }
-        // widen_half / narrow_half round-trip through the same conversions.
-        let bits = half_inputs(5000, 3);
-        let hs: Vec<H> = bits.iter().copied().map(from_bits).collect();
+        // widen_half / narrow_half use the same conversions.
+        let hs: Vec<H> = half_inputs(5000, 3).into_iter().map(f.from_bits).collect();
         let mut wide = vec![0f32; hs.len()];
         widen_half(dtype, bytemuck::cast_slice(&hs), &mut wide).unwrap();
         assert!(wide
             .iter()
             .zip(&hs)
-            .all(|(w, h)| w.to_bits() == widen(*h).to_bits()));
+            .all(|(w, h)| w.to_bits() == (f.widen)(*h).to_bits()));
         let mut back = vec![0u8; hs.len() * 2];
         narrow_half(dtype, &wide, &mut back).unwrap();
-        let want: Vec<H> = wide.iter().map(|w| narrow(*w)).collect();
+        let want: Vec<H> = wide.iter().map(|w| (f.narrow)(*w)).collect();
         assert_eq!(back, bytemuck::cast_slice::<H, u8>(&want));
     }
 
     #[test]
     fn half_kernels_match_scalar_reference() {
-        check_half_against_scalar(DType::F16, f16::from_bits, f16::to_f32, f16::from_f32);
-        check_half_against_scalar(DType::BF16, bf16::from_bits, bf16::to_f32, bf16::from_f32);
+        check_half_against_scalar(Format {
+            dtype: DType::F16,
+            from_bits: f16::from_bits,
+            widen: f16::to_f32,
+            narrow: f16::from_f32,
+            portable: |op, d, s| {
+                let (w, n) = (
+                    half_simd::portable::widen8_f16,
+                    half_simd::portable::narrow8_f16,
+                );
+                match op {
+                    ReduceOp::Sum => half_simd::fold(d, s, |a, b| a + b, w, n),
+                    ReduceOp::Mul => half_simd::fold(d, s, |a, b| a * b, w, n),
+                    ReduceOp::Min => half_simd::fold(d, s, fmin::<f32>, w, n),
+                    ReduceOp::Max => half_simd::fold(d, s, fmax::<f32>, w, n),
+                    _ => unreachable!(),
+                }
+            },
+        });
+        check_half_against_scalar(Format {
+            dtype: DType::BF16,
+            from_bits: bf16::from_bits,
+            widen: bf16::to_f32,
+            narrow: bf16::from_f32,
+            portable: |op, d, s| {
+                let (w, n) = (
+                    half_simd::portable::widen8_bf16_for_fold,
+                    half_simd::portable::narrow8_bf16,
+                );
+                match op {
+                    ReduceOp::Sum => half_simd::fold(d, s, |a, b| a + b, w, n),
+                    ReduceOp::Mul => half_simd::fold(d, s, |a, b| a * b, w, n),
+                    ReduceOp::Min => half_simd::fold(d, s, fmin::<f32>, w, n),
+                    ReduceOp::Max => half_simd::fold(d, s, fmax::<f32>, w, n),
+                    _ => unreachable!(),
+                }
+            },
+        });
     }
 
     #[test]
