@@ -387,7 +387,8 @@ mod tests {
         from_bits: fn(u16) -> H,
         widen: fn(H) -> f32,
         narrow: fn(f32) -> H,
-        portable: fn(ReduceOp, &mut [H], &[&[H]]),
+        /// Every kernel variant this CPU can run (portable, AVX2, AVX-512).
+        kernels: Vec<half_simd::Kernel<H>>,
     }
 
     impl<H: Pod> Format<H> {
@@ -445,16 +446,21 @@ mod tests {
                     let mut got = dst0.clone();
                     reduce_inplace(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
                         .unwrap();
-                    // The portable kernel, which other CPUs run.
-                    let mut portable = dst0.clone();
-                    (f.portable)(op, &mut portable, &src_refs);
+                    for (name, kernel) in &f.kernels {
+                        let mut variant = dst0.clone();
+                        kernel(op, &mut variant, &src_refs);
+                        for i in 0..n {
+                            let mut inputs = vec![dst0[i]];
+                            inputs.extend(srcs.iter().map(|s| s[i]));
+                            assert!(
+                                f.same(op, variant[i], want[i], &inputs),
+                                "{name} {dtype:?} {op:?} n={n} sources={nsrc} at {i}"
+                            );
+                        }
+                    }
                     for i in 0..n {
                         let mut inputs = vec![dst0[i]];
                         inputs.extend(srcs.iter().map(|s| s[i]));
-                        assert!(
-                            f.same(op, portable[i], want[i], &inputs),
-                            "portable {dtype:?} {op:?} n={n} sources={nsrc} at {i}"
-                        );
                         assert!(
                             f.same(op, got[i], want[i], &inputs),
                             "{dtype:?} {op:?} n={n} sources={nsrc} at {i}: inputs {:x?} got {:#06x} want {:#06x}",
@@ -501,38 +507,14 @@ mod tests {
             from_bits: f16::from_bits,
             widen: f16::to_f32,
             narrow: f16::from_f32,
-            portable: |op, d, s| {
-                let (w, n) = (
-                    half_simd::portable::widen8_f16,
-                    half_simd::portable::narrow8_f16,
-                );
-                match op {
-                    ReduceOp::Sum => half_simd::fold(d, s, |a, b| a + b, w, n),
-                    ReduceOp::Mul => half_simd::fold(d, s, |a, b| a * b, w, n),
-                    ReduceOp::Min => half_simd::fold(d, s, fmin::<f32>, w, n),
-                    ReduceOp::Max => half_simd::fold(d, s, fmax::<f32>, w, n),
-                    _ => unreachable!(),
-                }
-            },
+            kernels: half_simd::kernels_f16(),
         });
         check_half_against_scalar(Format {
             dtype: DType::BF16,
             from_bits: bf16::from_bits,
             widen: bf16::to_f32,
             narrow: bf16::from_f32,
-            portable: |op, d, s| {
-                let (w, n) = (
-                    half_simd::portable::widen8_bf16_for_fold,
-                    half_simd::portable::narrow8_bf16,
-                );
-                match op {
-                    ReduceOp::Sum => half_simd::fold(d, s, |a, b| a + b, w, n),
-                    ReduceOp::Mul => half_simd::fold(d, s, |a, b| a * b, w, n),
-                    ReduceOp::Min => half_simd::fold(d, s, fmin::<f32>, w, n),
-                    ReduceOp::Max => half_simd::fold(d, s, fmax::<f32>, w, n),
-                    _ => unreachable!(),
-                }
-            },
+            kernels: half_simd::kernels_bf16(),
         });
     }
 

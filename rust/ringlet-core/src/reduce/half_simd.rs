@@ -6,21 +6,26 @@
 //! overflows to infinity and keeps a NaN's sign and top payload bits, setting
 //! its quiet bit.
 //!
-//! The reduction works on groups of 8 elements: each group of the destination
-//! and of every source is widened to float32 in registers, folded with the
-//! same lane operation (and in the same source order) as the float32 kernel,
-//! and rounded once back into the destination, so each byte is read and
-//! written once and nothing goes through a scratch buffer.
+//! The reduction ([`fold`]) works on groups of one vector register of
+//! float32: each group of the destination and of every source is widened in
+//! registers, folded with the float32 kernel's lane operation in source
+//! order, and rounded once back into the destination, so each byte is read
+//! and written once and nothing goes through a scratch buffer (beyond three
+//! sources, through a 4 KiB accumulator in L1).
 //!
-//! The portable lane conversions are branch-free `u32` code that the compiler
-//! vectorises. On x86_64 the float16 conversions use F16C
-//! (`vcvtph2ps`/`vcvtps2ph`) and the bfloat16 ones the portable code, both in
-//! functions compiled for AVX2 and chosen at run time; the only `unsafe` in
-//! the module is calling those after the feature check.
+//! Variants, chosen at run time (`is_x86_feature_detected!`), same results:
+//! * AVX-512F: float16 with `vcvtph2ps`/`vcvtps2ph` on 16 lanes; bfloat16 as
+//!   integer shifts and the rounding bias, 32 elements per 64-byte load.
+//! * AVX2 + F16C: the same on 8 lanes.
+//! * portable: branch-free `u32` lane functions, 8 lanes, for other CPUs.
+//!
+//! The x86 code is safe functions with `#[target_feature]` (intrinsics and
+//! `bytemuck` casts, no raw pointers); the only `unsafe` is calling them
+//! after the feature check.
 
 use half::{bf16, f16};
 
-/// Elements per group: one AVX register of float32.
+/// Elements per group in the AVX2 and portable conversions.
 pub(crate) const LANES: usize = 8;
 
 type Wide = [f32; LANES];
@@ -31,6 +36,12 @@ type Narrow = [u16; LANES];
 /// source must be at least as long as `dst`.
 #[inline(always)]
 pub(crate) fn reduce_f16(dst: &mut [f16], srcs: &[&[f16]], op: impl Fn(f32, f32) -> f32 + Copy) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx512() {
+        // SAFETY: `has_avx512` checked that this CPU has AVX-512F, AVX2 and
+        // F16C, the features `x86::reduce_f16_avx512` is compiled for.
+        return unsafe { x86::reduce_f16_avx512(dst, srcs, op) };
+    }
     #[cfg(target_arch = "x86_64")]
     if x86::has_f16c() {
         // SAFETY: `has_f16c` checked that this CPU has AVX2 and F16C, the
@@ -43,6 +54,12 @@ pub(crate) fn reduce_f16(dst: &mut [f16], srcs: &[&[f16]], op: impl Fn(f32, f32)
 /// As [`reduce_f16`], over bfloat16.
 #[inline(always)]
 pub(crate) fn reduce_bf16(dst: &mut [bf16], srcs: &[&[bf16]], op: impl Fn(f32, f32) -> f32 + Copy) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::has_avx512() {
+        // SAFETY: `has_avx512` checked that this CPU has AVX-512F and AVX2,
+        // the features `x86::reduce_bf16_avx512` is compiled for.
+        return unsafe { x86::reduce_bf16_avx512(dst, srcs, op) };
+    }
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         // SAFETY: `has_avx2` checked that this CPU has AVX2, the feature
@@ -104,124 +121,130 @@ pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
     narrow(src, dst, portable::narrow8_bf16)
 }
 
-/// Copies up to 8 elements into a zero-padded group.
+/// Copies up to `L` elements into a zero-padded group.
 #[inline(always)]
-fn pad<T: Copy + Default>(tail: &[T]) -> [T; LANES] {
-    let mut group = [T::default(); LANES];
+fn pad<T: Copy + Default, const L: usize>(tail: &[T]) -> [T; L] {
+    let mut group = [T::default(); L];
     group[..tail.len()].copy_from_slice(tail);
     group
 }
 
-/// The reduction over groups of 8, given the group conversions. Inlined into
-/// each caller, so it is compiled for that caller's target features.
+/// The reduction over groups of `L` elements (one vector register of
+/// float32), given the group conversions. Inlined into each caller, so it is
+/// compiled for that caller's target features.
 ///
 /// Up to three sources are folded in registers (one read of every input, one
 /// write of the destination); more go through a 4 KiB float32 accumulator in
 /// L1, one source at a time. Either way each element sees the same operations
 /// in the same order: `((d op s0) op s1) op ...`, then one rounding.
 #[inline(always)]
-pub(crate) fn fold<H: bytemuck::Pod>(
+pub(crate) fn fold<H: bytemuck::Pod, const L: usize>(
     dst: &mut [H],
     srcs: &[&[H]],
     op: impl Fn(f32, f32) -> f32 + Copy,
-    widen8: impl Fn(Narrow) -> Wide + Copy,
-    narrow8: impl Fn(Wide) -> Narrow + Copy,
-) {
+    widen: impl Fn([u16; L]) -> [f32; L] + Copy,
+    narrow: impl Fn([f32; L]) -> [u16; L] + Copy,
+) where
+    [u16; L]: bytemuck::Pod,
+    [f32; L]: bytemuck::Pod,
+{
     let dst: &mut [u16] = bytemuck::cast_slice_mut(dst);
     let srcs: Vec<&[u16]> = srcs
         .iter()
         .map(|s| &bytemuck::cast_slice(s)[..dst.len()])
         .collect();
-    let whole = dst.len() / LANES * LANES;
+    let whole = dst.len() / L * L;
     let (body, tail) = dst.split_at_mut(whole);
-    let body: &mut [Narrow] = bytemuck::cast_slice_mut(body);
+    let body: &mut [[u16; L]] = bytemuck::cast_slice_mut(body);
+    let g = groups::<L>;
     match srcs.as_slice() {
-        [] => fold_fused(body, [], op, widen8, narrow8),
-        [a] => fold_fused(body, [groups(a, whole)], op, widen8, narrow8),
-        [a, b] => fold_fused(
-            body,
-            [groups(a, whole), groups(b, whole)],
-            op,
-            widen8,
-            narrow8,
-        ),
+        [] => fold_fused(body, [], op, widen, narrow),
+        [a] => fold_fused(body, [g(a, whole)], op, widen, narrow),
+        [a, b] => fold_fused(body, [g(a, whole), g(b, whole)], op, widen, narrow),
         [a, b, c] => fold_fused(
             body,
-            [groups(a, whole), groups(b, whole), groups(c, whole)],
+            [g(a, whole), g(b, whole), g(c, whole)],
             op,
-            widen8,
-            narrow8,
+            widen,
+            narrow,
         ),
         many => {
-            let groups: Vec<&[Narrow]> = many.iter().map(|s| groups(s, whole)).collect();
-            fold_blocked(body, &groups, op, widen8, narrow8)
+            let groups: Vec<&[[u16; L]]> = many.iter().map(|s| g(s, whole)).collect();
+            fold_blocked(body, &groups, op, widen, narrow)
         }
     }
     if !tail.is_empty() {
-        let mut acc = widen8(pad(tail));
+        let mut acc = widen(pad(tail));
         for s in &srcs {
-            apply(&mut acc, widen8(pad(&s[whole..])), op);
+            apply(&mut acc, widen(pad(&s[whole..])), op);
         }
         let n = tail.len();
-        tail.copy_from_slice(&narrow8(acc)[..n]);
+        tail.copy_from_slice(&narrow(acc)[..n]);
     }
 }
 
-/// The first `whole` (a multiple of 8) elements as groups.
+/// The first `whole` (a multiple of `L`) elements as groups.
 #[inline(always)]
-fn groups(s: &[u16], whole: usize) -> &[Narrow] {
+fn groups<const L: usize>(s: &[u16], whole: usize) -> &[[u16; L]]
+where
+    [u16; L]: bytemuck::Pod,
+{
     bytemuck::cast_slice(&s[..whole])
 }
 
 #[inline(always)]
-fn apply(acc: &mut Wide, b: Wide, op: impl Fn(f32, f32) -> f32) {
+fn apply<const L: usize>(acc: &mut [f32; L], b: [f32; L], op: impl Fn(f32, f32) -> f32) {
     for (a, b) in acc.iter_mut().zip(b) {
         *a = op(*a, b);
     }
 }
 
 #[inline(always)]
-fn fold_fused<const K: usize>(
-    body: &mut [Narrow],
-    srcs: [&[Narrow]; K],
+fn fold_fused<const K: usize, const L: usize>(
+    body: &mut [[u16; L]],
+    srcs: [&[[u16; L]]; K],
     op: impl Fn(f32, f32) -> f32 + Copy,
-    widen8: impl Fn(Narrow) -> Wide,
-    narrow8: impl Fn(Wide) -> Narrow,
+    widen: impl Fn([u16; L]) -> [f32; L],
+    narrow: impl Fn([f32; L]) -> [u16; L],
 ) {
     // Same lengths as `body`, so the indexing below needs no bounds checks.
     let srcs = srcs.map(|s| &s[..body.len()]);
     for (i, d) in body.iter_mut().enumerate() {
-        let mut acc = widen8(*d);
+        let mut acc = widen(*d);
         for s in &srcs {
-            apply(&mut acc, widen8(s[i]), op);
+            apply(&mut acc, widen(s[i]), op);
         }
-        *d = narrow8(acc);
+        *d = narrow(acc);
     }
 }
 
 #[inline(always)]
-fn fold_blocked(
-    body: &mut [Narrow],
-    srcs: &[&[Narrow]],
+fn fold_blocked<const L: usize>(
+    body: &mut [[u16; L]],
+    srcs: &[&[[u16; L]]],
     op: impl Fn(f32, f32) -> f32 + Copy,
-    widen8: impl Fn(Narrow) -> Wide + Copy,
-    narrow8: impl Fn(Wide) -> Narrow,
-) {
-    const BLOCK: usize = 128; // groups: 1024 elements, 4 KiB of float32
-    let mut acc = [[0f32; LANES]; BLOCK];
-    for (b, d) in body.chunks_mut(BLOCK).enumerate() {
-        let start = b * BLOCK;
+    widen: impl Fn([u16; L]) -> [f32; L] + Copy,
+    narrow: impl Fn([f32; L]) -> [u16; L],
+) where
+    [f32; L]: bytemuck::Pod,
+{
+    const BLOCK: usize = 1024; // elements: 4 KiB of float32
+    let mut acc = [0f32; BLOCK];
+    let acc: &mut [[f32; L]] = bytemuck::cast_slice_mut(&mut acc);
+    let per_block = acc.len();
+    for (b, d) in body.chunks_mut(per_block).enumerate() {
+        let start = b * per_block;
         let acc = &mut acc[..d.len()];
         for (a, d) in acc.iter_mut().zip(d.iter()) {
-            *a = widen8(*d);
+            *a = widen(*d);
         }
         for s in srcs {
             for (a, s) in acc.iter_mut().zip(&s[start..start + d.len()]) {
-                apply(a, widen8(*s), op);
+                apply(a, widen(*s), op);
             }
         }
         for (d, a) in d.iter_mut().zip(acc.iter()) {
-            *d = narrow8(*a);
+            *d = narrow(*a);
         }
     }
 }
@@ -418,6 +441,11 @@ pub(crate) mod x86 {
         _mm256_or_si256, _mm256_set1_epi32, _mm256_slli_epi32, _mm256_srli_epi32, _mm_packus_epi32,
         _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT,
     };
+    use std::arch::x86_64::{
+        __m512, __m512i, _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512,
+        _mm512_cmp_ps_mask, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_mask_or_epi32,
+        _mm512_or_si512, _mm512_set1_epi32, _mm512_slli_epi32, _mm512_srli_epi32,
+    };
 
     pub(crate) fn has_f16c() -> bool {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
@@ -425,6 +453,10 @@ pub(crate) mod x86 {
 
     pub(crate) fn has_avx2() -> bool {
         is_x86_feature_detected!("avx2")
+    }
+
+    pub(crate) fn has_avx512() -> bool {
+        is_x86_feature_detected!("avx512f") && has_f16c()
     }
 
     /// `vcvtph2ps`: exact, and sets a NaN's quiet bit like `half`.
@@ -482,6 +514,85 @@ pub(crate) mod x86 {
         ))
     }
 
+    /// float16 -> float32, 16 lanes.
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    #[inline]
+    fn widen16_f16(h: [u16; 16]) -> [f32; 16] {
+        bytemuck::cast(_mm512_cvtph_ps(bytemuck::cast::<_, __m256i>(h)))
+    }
+
+    /// float32 -> float16, 16 lanes, rounding to nearest even.
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    #[inline]
+    fn narrow16_f16(x: [f32; 16]) -> [u16; 16] {
+        bytemuck::cast(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
+            bytemuck::cast::<_, __m512>(x),
+        ))
+    }
+
+    /// bfloat16 -> float32 for the reduction (a plain shift, as
+    /// `widen8_bf16_for_fold`), 32 elements from one 64-byte load: the
+    /// even-indexed elements are the low halves of the 32-bit lanes (shifted
+    /// up), the odd ones the high halves (masked). The lane order does not
+    /// matter to an element-wise fold as long as `narrow32_bf16` undoes it.
+    #[target_feature(enable = "avx512f,avx2")]
+    #[inline]
+    fn widen32_bf16_for_fold(h: [u16; 32]) -> [f32; 32] {
+        let x: __m512i = bytemuck::cast(h);
+        let even = _mm512_slli_epi32::<16>(x);
+        let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xffff_0000_u32 as i32));
+        bytemuck::cast([even, odd])
+    }
+
+    /// The bfloat16 rounding of `narrow8_bf16` on 16 lanes, leaving the
+    /// result in the high half of each 32-bit lane (the low half is junk).
+    #[target_feature(enable = "avx512f,avx2")]
+    #[inline]
+    fn round16_bf16_high(v: __m512) -> __m512i {
+        let x: __m512i = _mm512_castps_si512(v);
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
+        let rounded = _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+        _mm512_mask_or_epi32(rounded, nan, x, _mm512_set1_epi32(0x0040_0000))
+    }
+
+    /// Inverse of `widen32_bf16_for_fold`, rounding as `narrow8_bf16`.
+    #[target_feature(enable = "avx512f,avx2")]
+    #[inline]
+    fn narrow32_bf16(x: [f32; 32]) -> [u16; 32] {
+        let [even, odd]: [__m512; 2] = bytemuck::cast(x);
+        let even = _mm512_srli_epi32::<16>(round16_bf16_high(even));
+        let odd = _mm512_and_si512(
+            round16_bf16_high(odd),
+            _mm512_set1_epi32(0xffff_0000_u32 as i32),
+        );
+        bytemuck::cast(_mm512_or_si512(even, odd))
+    }
+
+    #[target_feature(enable = "avx512f,avx2,f16c")]
+    pub(crate) fn reduce_f16_avx512(
+        dst: &mut [f16],
+        srcs: &[&[f16]],
+        op: impl Fn(f32, f32) -> f32 + Copy,
+    ) {
+        super::fold(dst, srcs, op, |h| widen16_f16(h), |x| narrow16_f16(x))
+    }
+
+    #[target_feature(enable = "avx512f,avx2")]
+    pub(crate) fn reduce_bf16_avx512(
+        dst: &mut [bf16],
+        srcs: &[&[bf16]],
+        op: impl Fn(f32, f32) -> f32 + Copy,
+    ) {
+        super::fold(
+            dst,
+            srcs,
+            op,
+            |h| widen32_bf16_for_fold(h),
+            |x| narrow32_bf16(x),
+        )
+    }
+
     #[target_feature(enable = "avx2,f16c")]
     pub(crate) fn reduce_f16(
         dst: &mut [f16],
@@ -525,6 +636,93 @@ pub(crate) mod x86 {
     pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
         super::narrow(src, dst, |x| narrow8_bf16(x))
     }
+}
+
+/// A reduction kernel under test: `(name, run(op, dst, srcs))`.
+#[cfg(test)]
+pub(crate) type Kernel<H> = (&'static str, fn(crate::dtype::ReduceOp, &mut [H], &[&[H]]));
+
+/// Runs `$body` with `$f` bound to the lane operation of `$op`.
+#[cfg(test)]
+macro_rules! with_op {
+    ($op:expr, $f:ident => $body:expr) => {{
+        use crate::dtype::ReduceOp;
+        match $op {
+            ReduceOp::Sum => {
+                let $f = |a: f32, b: f32| a + b;
+                $body
+            }
+            ReduceOp::Mul => {
+                let $f = |a: f32, b: f32| a * b;
+                $body
+            }
+            ReduceOp::Min => {
+                let $f = super::fmin::<f32>;
+                $body
+            }
+            ReduceOp::Max => {
+                let $f = super::fmax::<f32>;
+                $body
+            }
+            ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => unreachable!(),
+        }
+    }};
+}
+
+/// Every float16 kernel this CPU can run.
+#[cfg(test)]
+pub(crate) fn kernels_f16() -> Vec<Kernel<f16>> {
+    #[allow(unused_mut)]
+    let mut v: Vec<Kernel<f16>> = vec![(
+        "portable",
+        |op, d, s| with_op!(op, f => fold(d, s, f, portable::widen8_f16, portable::narrow8_f16)),
+    )];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_f16c() {
+            // SAFETY: AVX2 and F16C were just detected.
+            v.push((
+                "avx2",
+                |op, d, s| with_op!(op, f => unsafe { x86::reduce_f16(d, s, f) }),
+            ));
+        }
+        if x86::has_avx512() {
+            // SAFETY: AVX-512F, AVX2 and F16C were just detected.
+            v.push((
+                "avx512",
+                |op, d, s| with_op!(op, f => unsafe { x86::reduce_f16_avx512(d, s, f) }),
+            ));
+        }
+    }
+    v
+}
+
+/// Every bfloat16 kernel this CPU can run.
+#[cfg(test)]
+pub(crate) fn kernels_bf16() -> Vec<Kernel<bf16>> {
+    #[allow(unused_mut)]
+    let mut v: Vec<Kernel<bf16>> = vec![(
+        "portable",
+        |op, d, s| with_op!(op, f => fold(d, s, f, portable::widen8_bf16_for_fold, portable::narrow8_bf16)),
+    )];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx2() {
+            // SAFETY: AVX2 was just detected.
+            v.push((
+                "avx2",
+                |op, d, s| with_op!(op, f => unsafe { x86::reduce_bf16(d, s, f) }),
+            ));
+        }
+        if x86::has_avx512() {
+            // SAFETY: AVX-512F and AVX2 were just detected.
+            v.push((
+                "avx512",
+                |op, d, s| with_op!(op, f => unsafe { x86::reduce_bf16_avx512(d, s, f) }),
+            ));
+        }
+    }
+    v
 }
 
 #[cfg(test)]
