@@ -4,19 +4,26 @@
 //! (`copy_from_slice`) of the same size. Throughput is the size of one buffer
 //! per call, so "GB/s" compares directly with the memcpy line.
 //!
-//! `half_scalar_before/...` is the float16/bfloat16 kernel as it was before
-//! the block conversions (one `half` scalar conversion per element), kept
+//! `float16_scalar_before/...` and `bfloat16_scalar_before/...` are the kernel
+//! as it was before
+//! the vectorised conversions (one `half` scalar conversion per element), kept
 //! here so before/after run side by side in one process.
 //!
 //! `cargo bench -p ringlet-core --bench reduce` (about 3 minutes); add a filter
 //! such as `-- bfloat16` for a subset.
+//!
+//! On a shared, noisy machine, timings drift between criterion's cases, which
+//! run one after another. `RINGLET_REDUCE_TABLE=15 cargo bench -p ringlet-core
+//! --bench reduce` instead runs every case round-robin (the value is the
+//! number of rounds; each case's sample is the best of 3 calls,
+//! its figure the median over rounds) and prints the README's Markdown tables.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use half::{bf16, f16};
 use ringlet_core::reduce::reduce_inplace;
 use ringlet_core::{DType, ReduceOp, ALL_DTYPES, ALL_OPS};
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const BYTES: usize = 4 << 20;
 const SOURCES: [usize; 2] = [1, 3];
@@ -229,5 +236,149 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// One timed case of the round-robin table.
+struct Case {
+    name: String,
+    dtype: DType,
+    op: ReduceOp,
+    nsrc: usize,
+    /// `None`: memcpy; `Some(false)`: the kernel; `Some(true)`: the scalar
+    /// half kernel from before.
+    before: Option<bool>,
+    secs: Vec<f64>,
+}
+
+/// Calls per case and round; the round's sample is the fastest.
+const CALLS: usize = 3;
+
+fn table(rounds: usize) {
+    let mut cases = vec![Case {
+        name: "memcpy".into(),
+        dtype: DType::U8,
+        op: ReduceOp::Sum,
+        nsrc: 1,
+        before: None,
+        secs: vec![],
+    }];
+    for dtype in ALL_DTYPES {
+        for op in ALL_OPS.into_iter().filter(|op| op.check(dtype).is_ok()) {
+            for nsrc in SOURCES {
+                let mut add = |before: bool, tag: &str| {
+                    cases.push(Case {
+                        name: format!("{}{tag}/{}/{nsrc}src", dtype.name(), op.name()),
+                        dtype,
+                        op,
+                        nsrc,
+                        before: Some(before),
+                        secs: vec![],
+                    })
+                };
+                add(false, "");
+                if matches!(dtype, DType::F16 | DType::BF16) {
+                    add(true, "_scalar_before");
+                }
+            }
+        }
+    }
+    let mut dst = buffer();
+    let mut src_bufs: Vec<Vec<u64>> = (0..3).map(|_| buffer()).collect();
+    // Each round visits the cases in a different order (a fixed shuffle), so
+    // that no case always follows the same neighbour.
+    let mut order: Vec<usize> = (0..cases.len()).collect();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for _ in 0..rounds {
+        for i in (1..order.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            order.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+        for &c in &order {
+            let case = &mut cases[c];
+            fill(case.dtype, case.op, bytes_mut(&mut dst), 0);
+            for (k, s) in src_bufs.iter_mut().enumerate() {
+                fill(case.dtype, case.op, bytes_mut(s), k + 1);
+            }
+            let srcs: Vec<&[u8]> = src_bufs[..case.nsrc]
+                .iter()
+                .map(|s| bytemuck::cast_slice(s))
+                .collect();
+            let best = (0..CALLS)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    match case.before {
+                        None => bytes_mut(&mut dst).copy_from_slice(srcs[0]),
+                        Some(false) => {
+                            reduce_inplace(case.dtype, case.op, bytes_mut(&mut dst), &srcs)
+                                .expect("reduce")
+                        }
+                        Some(true) => before::run(case.dtype, case.op, bytes_mut(&mut dst), &srcs),
+                    }
+                    t0.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min);
+            case.secs.push(best);
+        }
+    }
+    let gbs = |name: &str| -> Option<f64> {
+        let case = cases.iter().find(|c| c.name == name)?;
+        let mut secs = case.secs.clone();
+        secs.sort_by(f64::total_cmp);
+        Some(BYTES as f64 / secs[secs.len() / 2] / 1e9)
+    };
+    let memcpy = gbs("memcpy").unwrap_or(f64::NAN);
+    println!("4 MiB buffers, median of {rounds} round-robin rounds; memcpy {memcpy:.1} GB/s\n");
+    for nsrc in SOURCES {
+        println!("{nsrc} source(s): GB/s (% of memcpy)\n");
+        println!("| dtype | {} |", ALL_OPS.map(|o| o.name()).join(" | "));
+        println!("|---|{}", "---:|".repeat(ALL_OPS.len()));
+        for dtype in ALL_DTYPES {
+            let cells: Vec<String> = ALL_OPS
+                .iter()
+                .map(
+                    |op| match gbs(&format!("{}/{}/{nsrc}src", dtype.name(), op.name())) {
+                        Some(g) => format!("{g:.1} ({:.0}%)", g / memcpy * 100.0),
+                        None => "–".into(),
+                    },
+                )
+                .collect();
+            println!("| {} | {} |", dtype.name(), cells.join(" | "));
+        }
+        println!();
+    }
+    println!("| dtype | op | sources | before GB/s | after GB/s | speed-up | after / float32 |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for dtype in [DType::F16, DType::BF16] {
+        for op in [ReduceOp::Sum, ReduceOp::Mul, ReduceOp::Min, ReduceOp::Max] {
+            for nsrc in SOURCES {
+                let name = |d: &str, tag: &str| format!("{d}{tag}/{}/{nsrc}src", op.name());
+                let (Some(b), Some(a), Some(f)) = (
+                    gbs(&name(dtype.name(), "_scalar_before")),
+                    gbs(&name(dtype.name(), "")),
+                    gbs(&name("float32", "")),
+                ) else {
+                    continue;
+                };
+                println!(
+                    "| {} | {} | {nsrc} | {b:.2} | {a:.1} | {:.0}x | {:.2} |",
+                    dtype.name(),
+                    op.name(),
+                    a / b,
+                    a / f
+                );
+            }
+        }
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    match std::env::var("RINGLET_REDUCE_TABLE") {
+        Ok(v) => table(v.parse().unwrap_or(15).max(1)),
+        Err(_) => {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        }
+    }
+}

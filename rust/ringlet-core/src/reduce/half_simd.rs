@@ -148,44 +148,46 @@ pub(crate) fn fold<H: bytemuck::Pod, const L: usize>(
     [u16; L]: bytemuck::Pod,
     [f32; L]: bytemuck::Pod,
 {
+    let n = dst.len();
     let dst: &mut [u16] = bytemuck::cast_slice_mut(dst);
-    let srcs: Vec<&[u16]> = srcs
-        .iter()
-        .map(|s| &bytemuck::cast_slice(s)[..dst.len()])
-        .collect();
-    let whole = dst.len() / L * L;
+    let whole = n / L * L;
     let (body, tail) = dst.split_at_mut(whole);
     let body: &mut [[u16; L]] = bytemuck::cast_slice_mut(body);
-    let g = groups::<L>;
-    match srcs.as_slice() {
+    match srcs {
         [] => fold_fused(body, [], op, widen, narrow),
-        [a] => fold_fused(body, [g(a, whole)], op, widen, narrow),
-        [a, b] => fold_fused(body, [g(a, whole), g(b, whole)], op, widen, narrow),
+        [a] => fold_fused(body, [groups(a, whole)], op, widen, narrow),
+        [a, b] => fold_fused(
+            body,
+            [groups(a, whole), groups(b, whole)],
+            op,
+            widen,
+            narrow,
+        ),
         [a, b, c] => fold_fused(
             body,
-            [g(a, whole), g(b, whole), g(c, whole)],
+            [groups(a, whole), groups(b, whole), groups(c, whole)],
             op,
             widen,
             narrow,
         ),
         many => {
-            let groups: Vec<&[[u16; L]]> = many.iter().map(|s| g(s, whole)).collect();
-            fold_blocked(body, &groups, op, widen, narrow)
+            let all: Vec<&[[u16; L]]> = many.iter().map(|s| groups(s, whole)).collect();
+            fold_blocked(body, &all, op, widen, narrow)
         }
     }
     if !tail.is_empty() {
         let mut acc = widen(pad(tail));
-        for s in &srcs {
-            apply(&mut acc, widen(pad(&s[whole..])), op);
+        for s in srcs {
+            let s: &[u16] = bytemuck::cast_slice(&s[whole..n]);
+            apply(&mut acc, widen(pad(s)), op);
         }
-        let n = tail.len();
-        tail.copy_from_slice(&narrow(acc)[..n]);
+        tail.copy_from_slice(&narrow(acc)[..n - whole]);
     }
 }
 
 /// The first `whole` (a multiple of `L`) elements as groups.
 #[inline(always)]
-fn groups<const L: usize>(s: &[u16], whole: usize) -> &[[u16; L]]
+fn groups<H: bytemuck::Pod, const L: usize>(s: &[H], whole: usize) -> &[[u16; L]]
 where
     [u16; L]: bytemuck::Pod,
 {
