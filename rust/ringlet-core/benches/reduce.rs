@@ -16,7 +16,8 @@
 //! run one after another. `RINGLET_REDUCE_TABLE=15 cargo bench -p ringlet-core
 //! --bench reduce` instead runs every case round-robin (the value is the
 //! number of rounds; each case's sample is the best of 3 calls,
-//! its figure the median over rounds) and prints the README's Markdown tables.
+//! its figure the median over rounds) and prints the README's Markdown tables;
+//! `RINGLET_REDUCE_MIB=64` sets another buffer size.
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use half::{bf16, f16};
@@ -28,9 +29,9 @@ use std::time::{Duration, Instant};
 const BYTES: usize = 4 << 20;
 const SOURCES: [usize; 2] = [1, 3];
 
-/// A 4 MiB buffer aligned for every dtype.
-fn buffer() -> Vec<u64> {
-    vec![0u64; BYTES / 8]
+/// A buffer of `bytes` aligned for every dtype.
+fn buffer(bytes: usize) -> Vec<u64> {
+    vec![0u64; bytes / 8]
 }
 
 fn bytes_mut(v: &mut [u64]) -> &mut [u8] {
@@ -187,8 +188,8 @@ fn bench(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(1))
         .throughput(Throughput::Bytes(BYTES as u64));
 
-    let mut dst = buffer();
-    let mut src_bufs: Vec<Vec<u64>> = (0..3).map(|_| buffer()).collect();
+    let mut dst = buffer(BYTES);
+    let mut src_bufs: Vec<Vec<u64>> = (0..3).map(|_| buffer(BYTES)).collect();
 
     fill(DType::U8, ReduceOp::Sum, bytes_mut(&mut src_bufs[0]), 1);
     group.bench_function("memcpy", |b| {
@@ -251,7 +252,7 @@ struct Case {
 /// Calls per case and round; the round's sample is the fastest.
 const CALLS: usize = 3;
 
-fn table(rounds: usize) {
+fn table(rounds: usize, bytes: usize) {
     let mut cases = vec![Case {
         name: "memcpy".into(),
         dtype: DType::U8,
@@ -280,8 +281,8 @@ fn table(rounds: usize) {
             }
         }
     }
-    let mut dst = buffer();
-    let mut src_bufs: Vec<Vec<u64>> = (0..3).map(|_| buffer()).collect();
+    let mut dst = buffer(bytes);
+    let mut src_bufs: Vec<Vec<u64>> = (0..3).map(|_| buffer(bytes)).collect();
     // Each round visits the cases in a different order (a fixed shuffle), so
     // that no case always follows the same neighbour.
     let mut order: Vec<usize> = (0..cases.len()).collect();
@@ -324,10 +325,13 @@ fn table(rounds: usize) {
         let case = cases.iter().find(|c| c.name == name)?;
         let mut secs = case.secs.clone();
         secs.sort_by(f64::total_cmp);
-        Some(BYTES as f64 / secs[secs.len() / 2] / 1e9)
+        Some(bytes as f64 / secs[secs.len() / 2] / 1e9)
     };
     let memcpy = gbs("memcpy").unwrap_or(f64::NAN);
-    println!("4 MiB buffers, median of {rounds} round-robin rounds; memcpy {memcpy:.1} GB/s\n");
+    println!(
+        "{} MiB buffers, median of {rounds} round-robin rounds; memcpy {memcpy:.1} GB/s\n",
+        bytes >> 20
+    );
     for nsrc in SOURCES {
         println!("{nsrc} source(s): GB/s (% of memcpy)\n");
         println!("| dtype | {} |", ALL_OPS.map(|o| o.name()).join(" | "));
@@ -375,7 +379,13 @@ criterion_group!(benches, bench);
 
 fn main() {
     match std::env::var("RINGLET_REDUCE_TABLE") {
-        Ok(v) => table(v.parse().unwrap_or(15).max(1)),
+        Ok(v) => {
+            let mib: usize = std::env::var("RINGLET_REDUCE_MIB")
+                .ok()
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(BYTES >> 20);
+            table(v.parse().unwrap_or(15).max(1), mib.max(1) << 20)
+        }
         Err(_) => {
             benches();
             Criterion::default().configure_from_args().final_summary();
