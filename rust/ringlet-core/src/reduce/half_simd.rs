@@ -29,7 +29,7 @@
 
 use half::{bf16, f16};
 
-/// Elements per group in the AVX2 and portable conversions.
+/// Elements per group in the AVX2 code (and the slice conversions over it).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const LANES: usize = 8;
 
