@@ -14,8 +14,7 @@ use crate::error::{Error, Result};
 use bytemuck::Pod;
 use half::{bf16, f16};
 
-/// Elements processed per block when widening half floats to float32.
-const HALF_BLOCK: usize = 1024;
+mod half_simd;
 
 fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T]> {
     if bytes.is_empty() {
@@ -129,48 +128,49 @@ fn float_inplace<T: Float>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Resu
 }
 
 trait Half: Pod {
-    fn widen(self) -> f32;
-    fn narrow(v: f32) -> Self;
+    /// Widens `min(src.len(), dst.len())` elements.
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// Narrows `min(src.len(), dst.len())` elements, round to nearest even.
+    fn narrow(src: &[f32], dst: &mut [Self]);
+    /// `dst = dst op srcs[0] op srcs[1] ...` in float32, rounded once.
+    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy);
 }
 impl Half for f16 {
-    fn widen(self) -> f32 {
-        self.to_f32()
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        half_simd::widen_f16(src, dst)
     }
-    fn narrow(v: f32) -> Self {
-        f16::from_f32(v)
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        half_simd::narrow_f16(src, dst)
+    }
+    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy) {
+        half_simd::reduce_f16(dst, srcs, op)
     }
 }
 impl Half for bf16 {
-    fn widen(self) -> f32 {
-        self.to_f32()
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        half_simd::widen_bf16(src, dst)
     }
-    fn narrow(v: f32) -> Self {
-        bf16::from_f32(v)
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        half_simd::narrow_bf16(src, dst)
+    }
+    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy) {
+        half_simd::reduce_bf16(dst, srcs, op)
     }
 }
 
+/// Widens each group of 8 elements of the destination and of every source to
+/// float32 in registers, folds them with the float32 kernel's lane operations
+/// in source order and rounds once (see `half_simd`).
 fn half_inplace<H: Half>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Result<()> {
     let d = cast_mut::<H>(dst)?;
     let s: Vec<&[H]> = srcs.iter().map(|s| cast::<H>(s)).collect::<Result<_>>()?;
-    let mut acc = [0f32; HALF_BLOCK];
-    let mut wide = [0f32; HALF_BLOCK];
-    let mut start = 0;
-    while start < d.len() {
-        let n = HALF_BLOCK.min(d.len() - start);
-        let block = &mut d[start..start + n];
-        for (a, h) in acc.iter_mut().zip(block.iter()) {
-            *a = h.widen();
-        }
-        for src in &s {
-            for (w, h) in wide.iter_mut().zip(&src[start..start + n]) {
-                *w = h.widen();
-            }
-            float_slices(op, &mut acc[..n], &wide[..n]);
-        }
-        for (h, a) in block.iter_mut().zip(acc.iter()) {
-            *h = H::narrow(*a);
-        }
-        start += n;
+    match op {
+        ReduceOp::Sum => H::reduce(d, &s, |a, b| a + b),
+        ReduceOp::Mul => H::reduce(d, &s, |a, b| a * b),
+        ReduceOp::Min => H::reduce(d, &s, fmin::<f32>),
+        ReduceOp::Max => H::reduce(d, &s, fmax::<f32>),
+        // Rejected by ReduceOp::check before dispatch.
+        ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => {}
     }
     Ok(())
 }
@@ -249,16 +249,12 @@ pub fn narrow_half(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
 }
 
 fn widen<H: Half>(src: &[u8], dst: &mut [f32]) -> Result<()> {
-    for (d, h) in dst.iter_mut().zip(cast::<H>(src)?) {
-        *d = h.widen();
-    }
+    H::widen(cast::<H>(src)?, dst);
     Ok(())
 }
 
 fn narrow<H: Half>(src: &[f32], dst: &mut [u8]) -> Result<()> {
-    for (h, s) in cast_mut::<H>(dst)?.iter_mut().zip(src) {
-        *h = H::narrow(*s);
-    }
+    H::narrow(src, cast_mut::<H>(dst)?);
     Ok(())
 }
 
@@ -336,6 +332,190 @@ mod tests {
         reduce_into(DType::F16, ReduceOp::Sum, &mut d, &refs).unwrap();
         let r: &[f16] = bytemuck::cast_slice(&d);
         assert!(r.iter().all(|v| v.to_f32() == 2050.0));
+    }
+
+    /// The half-precision reduction one element at a time: `half`'s scalar
+    /// conversions, the float32 lane operations in source order, one rounding.
+    fn scalar_half_reference<H: Pod>(
+        op: ReduceOp,
+        dst: &mut [H],
+        srcs: &[&[H]],
+        widen: fn(H) -> f32,
+        narrow: fn(f32) -> H,
+    ) {
+        for (i, d) in dst.iter_mut().enumerate() {
+            let mut acc = widen(*d);
+            for s in srcs {
+                let b = widen(s[i]);
+                acc = match op {
+                    ReduceOp::Sum => acc + b,
+                    ReduceOp::Mul => acc * b,
+                    ReduceOp::Min => fmin(acc, b),
+                    ReduceOp::Max => fmax(acc, b),
+                    ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => unreachable!(),
+                };
+            }
+            *d = narrow(acc);
+        }
+    }
+
+    /// Half-precision inputs mixing ordinary values with zeros, subnormals,
+    /// infinities, NaNs and values whose sums overflow or need rounding.
+    fn half_inputs(n: usize, seed: u64) -> Vec<u16> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let r = state as u16;
+                match i % 11 {
+                    0 => [
+                        0x0000, 0x8000, 0x0001, 0x7c00, 0xfc00, 0x7e01, 0x7f80, 0x7fc1,
+                    ][r as usize % 8],
+                    1 => 0x7bff ^ (r & 0x8003), // large float16 / bfloat16 near the top
+                    2 => r & 0x83ff,            // float16 subnormals, tiny bfloat16
+                    _ => r,
+                }
+            })
+            .collect()
+    }
+
+    /// One half-precision format, as the tests see it.
+    struct Format<H> {
+        dtype: DType,
+        from_bits: fn(u16) -> H,
+        widen: fn(H) -> f32,
+        narrow: fn(f32) -> H,
+        /// Every kernel variant this CPU can run (portable, AVX2, AVX-512).
+        kernels: Vec<half_simd::Kernel<H>>,
+    }
+
+    impl<H: Pod> Format<H> {
+        fn bits(&self, h: H) -> u16 {
+            bytemuck::cast(h)
+        }
+
+        fn is_nan(&self, h: H) -> bool {
+            (self.widen)(h).is_nan()
+        }
+
+        /// Whether a kernel result matches the reference at one element.
+        /// Bits must be equal, except where two or more NaNs meet in `a + b`
+        /// or `a * b` (NaN inputs, or a NaN made by `inf - inf` or `0 * inf`):
+        /// Rust leaves open which payload comes out, and the compiler may
+        /// swap the operands (the kernel before this one already differed
+        /// there between its vector body and its scalar tail), so any of
+        /// those NaNs, quieted, is accepted.
+        fn same(&self, op: ReduceOp, got: H, want: H, inputs: &[H]) -> bool {
+            if self.bits(got) == self.bits(want) {
+                return true;
+            }
+            if matches!(op, ReduceOp::Min | ReduceOp::Max)
+                || !self.is_nan(got)
+                || !self.is_nan(want)
+            {
+                return false;
+            }
+            let mut nans: Vec<u16> = inputs
+                .iter()
+                .filter(|h| self.is_nan(**h))
+                .map(|h| self.bits((self.narrow)((self.widen)(*h))))
+                .collect();
+            if !nans.contains(&self.bits(want)) {
+                nans.push(self.bits(want)); // a NaN the operations made
+            }
+            nans.len() >= 2 && nans.contains(&self.bits(got))
+        }
+    }
+
+    fn check_half_against_scalar<H: Pod>(f: Format<H>) {
+        let dtype = f.dtype;
+        for n in [0, 1, 7, 8, 9, 15, 16, 17, 2047, 2048, 6161] {
+            for nsrc in 0..=4 {
+                let make = |seed| -> Vec<H> {
+                    half_inputs(n, seed).into_iter().map(f.from_bits).collect()
+                };
+                let dst0 = make(99);
+                let srcs: Vec<Vec<H>> = (0..nsrc).map(|k| make(7 + k as u64)).collect();
+                let src_refs: Vec<&[H]> = srcs.iter().map(|s| s.as_slice()).collect();
+                let src_bytes: Vec<&[u8]> = srcs.iter().map(|s| bytemuck::cast_slice(s)).collect();
+                for op in [ReduceOp::Sum, ReduceOp::Mul, ReduceOp::Min, ReduceOp::Max] {
+                    let mut want = dst0.clone();
+                    scalar_half_reference(op, &mut want, &src_refs, f.widen, f.narrow);
+                    let mut got = dst0.clone();
+                    reduce_inplace(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
+                        .unwrap();
+                    for (name, kernel) in &f.kernels {
+                        let mut variant = dst0.clone();
+                        kernel(op, &mut variant, &src_refs);
+                        for i in 0..n {
+                            let mut inputs = vec![dst0[i]];
+                            inputs.extend(srcs.iter().map(|s| s[i]));
+                            assert!(
+                                f.same(op, variant[i], want[i], &inputs),
+                                "{name} {dtype:?} {op:?} n={n} sources={nsrc} at {i}"
+                            );
+                        }
+                    }
+                    for i in 0..n {
+                        let mut inputs = vec![dst0[i]];
+                        inputs.extend(srcs.iter().map(|s| s[i]));
+                        assert!(
+                            f.same(op, got[i], want[i], &inputs),
+                            "{dtype:?} {op:?} n={n} sources={nsrc} at {i}: inputs {:x?} got {:#06x} want {:#06x}",
+                            inputs.iter().map(|h| f.bits(*h)).collect::<Vec<_>>(),
+                            f.bits(got[i]),
+                            f.bits(want[i]),
+                        );
+                    }
+                    if let Some(first) = src_refs.first() {
+                        let mut got = vec![(f.from_bits)(0); n];
+                        reduce_into(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
+                            .unwrap();
+                        let mut want = first.to_vec();
+                        scalar_half_reference(op, &mut want, &src_refs[1..], f.widen, f.narrow);
+                        for i in 0..n {
+                            let inputs: Vec<H> = srcs.iter().map(|s| s[i]).collect();
+                            assert!(
+                                f.same(op, got[i], want[i], &inputs),
+                                "into {dtype:?} {op:?} n={n} at {i}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // widen_half / narrow_half use the same conversions.
+        let hs: Vec<H> = half_inputs(5000, 3).into_iter().map(f.from_bits).collect();
+        let mut wide = vec![0f32; hs.len()];
+        widen_half(dtype, bytemuck::cast_slice(&hs), &mut wide).unwrap();
+        assert!(wide
+            .iter()
+            .zip(&hs)
+            .all(|(w, h)| w.to_bits() == (f.widen)(*h).to_bits()));
+        let mut back = vec![0u8; hs.len() * 2];
+        narrow_half(dtype, &wide, &mut back).unwrap();
+        let want: Vec<H> = wide.iter().map(|w| (f.narrow)(*w)).collect();
+        assert_eq!(back, bytemuck::cast_slice::<H, u8>(&want));
+    }
+
+    #[test]
+    fn half_kernels_match_scalar_reference() {
+        check_half_against_scalar(Format {
+            dtype: DType::F16,
+            from_bits: f16::from_bits,
+            widen: f16::to_f32,
+            narrow: f16::from_f32,
+            kernels: half_simd::kernels_f16(),
+        });
+        check_half_against_scalar(Format {
+            dtype: DType::BF16,
+            from_bits: bf16::from_bits,
+            widen: bf16::to_f32,
+            narrow: bf16::from_f32,
+            kernels: half_simd::kernels_bf16(),
+        });
     }
 
     #[test]
