@@ -257,3 +257,39 @@ fn invalid_arguments() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+#[test]
+fn small_tcp_all_reduce_up_to_16_ranks() {
+    // Recursive doubling from 4 ranks: powers of two and the folds around them.
+    let (_, cfg) = modes()
+        .into_iter()
+        .find(|(name, _)| *name == "tcp")
+        .expect("a tcp mode");
+    for size in [5, 6, 7, 8, 9, 12, 16] {
+        let mut comms = local_group(size, &cfg).unwrap();
+        for (dtype, op) in [
+            (DType::F32, ReduceOp::Sum),
+            (DType::I64, ReduceOp::Mul),
+            (DType::BF16, ReduceOp::Max),
+            (DType::I32, ReduceOp::Xor),
+            (DType::Bool, ReduceOp::Or),
+        ] {
+            for count in [0, 1, 7, 1001] {
+                let inputs: Vec<Vec<u8>> = (0..size).map(|r| data(dtype, r, count, 3)).collect();
+                let want = reference(dtype, op, &inputs);
+                let got = run_ranks(&mut comms, |r, c| {
+                    let mut b = aligned(&inputs[r]);
+                    c.all_reduce(view(&mut b, inputs[r].len()), dtype, op)
+                        .unwrap();
+                    view(&mut b, inputs[r].len()).to_vec()
+                });
+                for (r, g) in got.iter().enumerate() {
+                    assert!(
+                        *g == want,
+                        "size={size} {dtype:?} {op:?} count={count} rank={r}"
+                    );
+                }
+            }
+        }
+    }
+}

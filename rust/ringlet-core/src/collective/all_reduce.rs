@@ -15,7 +15,8 @@
 //!   the only phases are the first (addresses) and the last (all written).
 //!
 //! TCP: small messages are exchanged with every peer and reduced locally in
-//! rank order; larger ones use a ring reduce-scatter then a ring all-gather
+//! rank order (up to 7 ranks) or combined by recursive doubling (8 ranks and
+//! up: log2 p steps, see [`recursive_doubling`]); larger ones use a ring reduce-scatter then a ring all-gather
 //! (2(p-1)/p of the buffer crosses each link). float16/bfloat16 travel and
 //! accumulate as float32.
 
@@ -150,6 +151,9 @@ pub(crate) fn tcp_all_reduce(
     }
     let (p, r) = (mesh.size(), mesh.rank());
     let esz = dtype.size();
+    if buf.len() <= TCP_SMALL && p >= RD_MIN_RANKS {
+        return recursive_doubling(mesh, cfg, buf, dtype, op);
+    }
     if buf.len() <= TCP_SMALL {
         let mut theirs = vec![scratch(buf.len()); p];
         {
@@ -180,6 +184,83 @@ pub(crate) fn tcp_all_reduce(
     let count = buf.len() / esz;
     ring_reduce_scatter(mesh, cfg, buf, dtype, op)?;
     ring_all_gather(mesh, cfg, buf, count, esz, 1)
+}
+
+/// From this many ranks, small TCP all-reduces use recursive doubling
+/// (log2 p exchange steps) instead of one exchange with every peer. One
+/// exchange costs a latency plus p - 1 messages per rank, recursive doubling
+/// log2 p latencies and messages; on loopback here the two are level at 4
+/// and 8 ranks (README, "Scaling"), and across real links the exchange's
+/// p - 1 messages per rank dominate beyond that.
+const RD_MIN_RANKS: usize = 8;
+
+/// Recursive doubling for small TCP all-reduces. With `q` the largest power
+/// of two not above `p`, the first `2(p - q)` ranks pair up (even with odd)
+/// and the odd one folds in its partner's buffer, leaving `q` participants;
+/// in step `k` each participant swaps its whole partial result with the one
+/// whose index differs in bit `k` and reduces the two, lower block first, so
+/// both partners compute the same value bit for bit; at the end each odd
+/// folder hands the result back to its even partner. log2(q) + 2 steps,
+/// one message each, instead of p - 1 messages per rank.
+fn recursive_doubling(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, r) = (mesh.size(), mesh.rank());
+    let q = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let extra = p - q;
+    let len = buf.len();
+    let mut theirs = scratch(len);
+    let mut out = scratch(len);
+    let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut theirs)[..len];
+    let o = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..len];
+    // Index among the q participants (None: an even folder that sits out),
+    // and the rank that holds participant `i`.
+    let index = if r < 2 * extra {
+        (r % 2 == 1).then_some(r / 2)
+    } else {
+        Some(r - extra)
+    };
+    let rank_of = |i: usize| if i < extra { 2 * i + 1 } else { i + extra };
+    if r < 2 * extra {
+        if r % 2 == 0 {
+            mesh.transfer(&mut [Xfer::send(r + 1, buf)], OP, cfg.timeout)?;
+        } else {
+            mesh.transfer(&mut [Xfer::recv(r - 1, t)], OP, cfg.timeout)?;
+            reduce::reduce_into(dtype, op, o, &[&*t, &*buf])?;
+            buf.copy_from_slice(o);
+        }
+    }
+    if let Some(i) = index {
+        let mut mask = 1;
+        while mask < q {
+            let partner = i ^ mask;
+            let peer = rank_of(partner);
+            mesh.transfer(
+                &mut [Xfer::send(peer, buf), Xfer::recv(peer, t)],
+                OP,
+                cfg.timeout,
+            )?;
+            if partner < i {
+                reduce::reduce_into(dtype, op, o, &[&*t, &*buf])?;
+            } else {
+                reduce::reduce_into(dtype, op, o, &[&*buf, &*t])?;
+            }
+            buf.copy_from_slice(o);
+            mask <<= 1;
+        }
+    }
+    if r < 2 * extra {
+        if r % 2 == 1 {
+            mesh.transfer(&mut [Xfer::send(r - 1, buf)], OP, cfg.timeout)?;
+        } else {
+            mesh.transfer(&mut [Xfer::recv(r + 1, buf)], OP, cfg.timeout)?;
+        }
+    }
+    Ok(())
 }
 
 /// Ring reduce-scatter over `p` parts of `buf`, in place. At step s rank r
