@@ -76,6 +76,7 @@ from .errors import (
     TensorRegistrationError,
 )
 from .runtime import (
+    abort,
     get_local_ordinal,
     get_ordinal,
     host_layout,
@@ -90,6 +91,7 @@ from .runtime import (
 __version__ = _core.__version__
 
 __all__ = [
+    "abort",
     "comm_hooks",
     "ops",
     "CoalescingBuckets",

@@ -4,16 +4,21 @@
 //! while receiving from previous") and an all-to-all exchange are the same call
 //! and neither can deadlock on full socket buffers.
 
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
+use crate::fault::{decode_notice, Tripwire, NOTICE_BYTES};
 use crate::sys;
 use crate::transport::{check_agreement, OpDesc, DESC_WORDS};
+use std::cell::Cell;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: u64 = 0x5249_4e47_4c45_5401; // "RINGLET\x01"
-const POLL_SLICE: Duration = Duration::from_millis(100);
+/// Longest a blocked transfer sleeps before checking the tripwire again.
+const POLL_SLICE: Duration = Duration::from_millis(20);
+const HANGUP: libc::c_short = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
 
 /// One pending data movement with a peer.
 pub enum Xfer<'a> {
@@ -66,6 +71,10 @@ impl<'a> Xfer<'a> {
 pub struct TcpMesh {
     rank: usize,
     streams: Vec<Option<TcpStream>>,
+    /// The last bytes received from each peer: when a stream ends, they hold
+    /// the peer's abort notice if it sent one.
+    tails: Vec<Cell<[u8; NOTICE_BYTES]>>,
+    wire: Arc<Tripwire>,
 }
 
 /// Binds a listening socket on `addr` (port 0 picks a free port).
@@ -117,12 +126,7 @@ impl TcpMesh {
                         let peer = (rank + 1..size)
                             .find(|p| streams[*p].is_none())
                             .unwrap_or(rank);
-                        return Err(Error::Timeout {
-                            rank,
-                            peer,
-                            op: "init (connect)",
-                            waited: timeout,
-                        });
+                        return Err(Error::timeout(rank, peer, "init (connect)", timeout));
                     }
                     let mut p = [libc::pollfd {
                         fd: listener.as_raw_fd(),
@@ -163,8 +167,21 @@ impl TcpMesh {
                 .map_err(|e| Error::io("set_read_timeout", e))?;
             s.set_nonblocking(true)
                 .map_err(|e| Error::io("set_nonblocking", e))?;
+            sys::set_tcp_user_timeout(s.as_raw_fd(), timeout);
         }
-        Ok(TcpMesh { rank, streams })
+        let wire = Tripwire::new();
+        wire.add_streams(streams.iter().flatten().map(|s| s.as_raw_fd()));
+        Ok(TcpMesh {
+            rank,
+            tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
+            streams,
+            wire,
+        })
+    }
+
+    /// The failure flag of the communicator this mesh belongs to.
+    pub fn wire(&self) -> &Arc<Tripwire> {
+        &self.wire
     }
 
     /// Raw fd of the stream to `peer` (for liveness checks).
@@ -204,6 +221,9 @@ impl TcpMesh {
     ) -> Result<()> {
         let mut last_progress = Instant::now();
         loop {
+            if self.wire.tripped() {
+                return Err(self.wire.fault());
+            }
             let mut progressed = false;
             for x in xfers.iter_mut() {
                 progressed |= self.progress(x, op)?;
@@ -222,51 +242,215 @@ impl TcpMesh {
                     .iter()
                     .find(|x| !x.finished())
                     .map_or(self.rank, Xfer::peer);
-                return Err(Error::Timeout {
-                    rank: self.rank,
-                    peer,
-                    op,
-                    waited: timeout,
-                });
+                return Err(self.settle(peer, op, timeout));
             }
             if !progressed {
-                let mut fds: Vec<libc::pollfd> = Vec::with_capacity(xfers.len());
-                for x in xfers.iter().filter(|x| !x.finished()) {
+                let pending: Vec<&Xfer> = xfers.iter().filter(|x| !x.finished()).collect();
+                let mut fds: Vec<libc::pollfd> = Vec::with_capacity(pending.len());
+                for x in &pending {
                     let events = match x {
                         Xfer::Send { .. } => libc::POLLOUT,
                         Xfer::Recv { .. } => libc::POLLIN,
                     };
                     fds.push(libc::pollfd {
                         fd: self.stream(x.peer())?.as_raw_fd(),
-                        events,
+                        events: events | libc::POLLRDHUP,
                         revents: 0,
                     });
                 }
                 let left = timeout.saturating_sub(now.duration_since(last_progress));
                 sys::poll(&mut fds, left.min(POLL_SLICE))?;
+                if fds.iter().all(|p| p.revents == 0) {
+                    crate::fault::check_interrupt(self.rank)?;
+                }
+                // A peer we only send to hung up: it gave up or died. (A
+                // pending receive finds out by reading to the end.)
+                for (x, p) in pending.iter().zip(&fds) {
+                    let peer = x.peer();
+                    let receiving = pending
+                        .iter()
+                        .any(|y| matches!(y, Xfer::Recv { .. }) && y.peer() == peer);
+                    if p.revents & HANGUP != 0 && !receiving {
+                        return Err(self.drain_error(peer, op));
+                    }
+                }
             }
         }
     }
 
+    /// Remembers the last bytes received from `peer`.
+    fn note_tail(&self, peer: usize, got: &[u8]) {
+        let mut t = self.tails[peer].get();
+        if got.len() >= NOTICE_BYTES {
+            t.copy_from_slice(&got[got.len() - NOTICE_BYTES..]);
+        } else {
+            t.copy_within(got.len().., 0);
+            t[NOTICE_BYTES - got.len()..].copy_from_slice(got);
+        }
+        self.tails[peer].set(t);
+    }
+
+    /// The error for `peer`'s stream having ended: its notice names the
+    /// culprit; without one, its process is gone.
+    fn closed_error(&self, peer: usize, op: &'static str) -> Error {
+        match decode_notice(&self.tails[peer].get()) {
+            Some((culprit, cause)) => Error::from_notice(self.rank, peer, op, culprit, cause),
+            None => Error::lost(
+                self.rank,
+                peer,
+                op,
+                Cause::Exited,
+                "its connection closed without notice",
+            ),
+        }
+    }
+
+    /// Reads what is left of `peer`'s stream (we are failing anyway) up to
+    /// its end, then explains the end.
+    fn drain_error(&self, peer: usize, op: &'static str) -> Error {
+        let Some(fd) = self.fd(peer) else {
+            return Error::lost(self.rank, peer, op, Cause::Exited, "");
+        };
+        let mut scratch = vec![0u8; 64 << 10];
+        let deadline = Instant::now() + Duration::from_millis(500);
+        loop {
+            match sys::recv_now(fd, &mut scratch) {
+                Ok(0) => return self.closed_error(peer, op),
+                Ok(n) => self.note_tail(peer, &scratch[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return self.closed_error(peer, op);
+                    }
+                    let mut p = [libc::pollfd {
+                        fd,
+                        events: libc::POLLIN | libc::POLLRDHUP,
+                        revents: 0,
+                    }];
+                    let _ = sys::poll(&mut p, Duration::from_millis(5));
+                }
+                Err(e) => return self.io_lost(peer, op, e),
+            }
+        }
+    }
+
+    /// The error for a failed write to `peer`: the network, or the peer
+    /// closed (what it sent last, still queued for us, may explain why).
+    fn send_failed(&self, peer: usize, op: &'static str, e: std::io::Error) -> Error {
+        match self.io_lost(peer, op, e) {
+            e @ Error::PeerLost {
+                cause: Cause::Unreachable,
+                ..
+            } => e,
+            _ => self.drain_error(peer, op),
+        }
+    }
+
+    /// The error for a failed read or write on `peer`'s stream.
+    fn io_lost(&self, peer: usize, op: &'static str, e: std::io::Error) -> Error {
+        let unreachable = matches!(
+            e.raw_os_error(),
+            Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ENETDOWN)
+        );
+        if unreachable {
+            return Error::lost(self.rank, peer, op, Cause::Unreachable, e.to_string());
+        }
+        if decode_notice(&self.tails[peer].get()).is_some() {
+            return self.closed_error(peer, op);
+        }
+        Error::lost(self.rank, peer, op, Cause::Exited, e.to_string())
+    }
+
+    /// Decides whom to blame after `late` moved no byte within the timeout:
+    /// a peer that gives up meanwhile (the rank `late` itself waits for may
+    /// time out a moment later and send the real culprit), else `late`,
+    /// unreachable when data sent to it goes unacknowledged.
+    fn settle(&self, late: usize, op: &'static str, waited: Duration) -> Error {
+        let deadline = Instant::now() + (waited / 2).min(Duration::from_secs(2));
+        let peers: Vec<usize> = (0..self.size()).filter(|&p| p != self.rank).collect();
+        loop {
+            if self.wire.tripped() {
+                return self.wire.fault();
+            }
+            let mut fds: Vec<libc::pollfd> = peers
+                .iter()
+                .filter_map(|&p| self.fd(p))
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLRDHUP,
+                    revents: 0,
+                })
+                .collect();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if sys::poll(&mut fds, left.min(POLL_SLICE)).is_err() {
+                break;
+            }
+            if let Some(i) = fds.iter().position(|p| p.revents & HANGUP != 0) {
+                return self.drain_error(peers[i], op);
+            }
+            if left.is_zero() {
+                break;
+            }
+        }
+        match self.fd(late) {
+            Some(fd) if sys::tcp_retransmitting(fd) => Error::lost(
+                self.rank,
+                late,
+                op,
+                Cause::Unreachable,
+                format!(
+                    "data sent to it was not acknowledged for {:.1} s",
+                    waited.as_secs_f64()
+                ),
+            ),
+            _ => Error::timeout(self.rank, late, op, waited),
+        }
+    }
+
+    /// After an operation: fails if a peer gave up meanwhile, so that a rank
+    /// resumed after being stopped never returns data its peers abandoned. A
+    /// peer that finished and shut down normally is no failure.
+    pub fn check_peers(&self, op: &'static str) -> Result<()> {
+        let peers: Vec<usize> = (0..self.size()).filter(|&p| p != self.rank).collect();
+        let mut fds: Vec<libc::pollfd> = peers
+            .iter()
+            .filter_map(|&p| self.fd(p))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLRDHUP,
+                revents: 0,
+            })
+            .collect();
+        sys::poll(&mut fds, Duration::ZERO)?;
+        for (i, p) in fds.iter().enumerate() {
+            if p.revents & HANGUP != 0 {
+                match self.drain_error(peers[i], op) {
+                    Error::PeerLost {
+                        cause: Cause::Left, ..
+                    } => {}
+                    e => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Moves as many bytes as the socket takes now; true if any moved.
     fn progress(&self, x: &mut Xfer<'_>, op: &'static str) -> Result<bool> {
-        let rank = self.rank;
         let mut moved = false;
         match x {
             Xfer::Send { peer, buf, done } => {
                 let mut s = self.stream(*peer)?;
                 while *done < buf.len() {
                     match s.write(&buf[*done..]) {
-                        Ok(0) => {
-                            return Err(peer_lost(rank, *peer, op, ErrorKind::WriteZero.into()))
-                        }
+                        Ok(0) => return Err(self.io_lost(*peer, op, ErrorKind::WriteZero.into())),
                         Ok(n) => {
                             *done += n;
                             moved = true;
                         }
                         Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(peer_lost(rank, *peer, op, e)),
+                        Err(e) => return Err(self.send_failed(*peer, op, e)),
                     }
                 }
             }
@@ -274,21 +458,15 @@ impl TcpMesh {
                 let mut s = self.stream(*peer)?;
                 while *done < buf.len() {
                     match s.read(&mut buf[*done..]) {
-                        Ok(0) => {
-                            return Err(Error::PeerLost {
-                                rank,
-                                peer: *peer,
-                                op,
-                                detail: "connection closed by the peer (process exited?)".into(),
-                            })
-                        }
+                        Ok(0) => return Err(self.closed_error(*peer, op)),
                         Ok(n) => {
+                            self.note_tail(*peer, &buf[*done..*done + n]);
                             *done += n;
                             moved = true;
                         }
                         Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(peer_lost(rank, *peer, op, e)),
+                        Err(e) => return Err(self.io_lost(*peer, op, e)),
                     }
                 }
             }
@@ -354,12 +532,7 @@ fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpSt
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout {
-                rank,
-                peer,
-                op: "init (connect)",
-                waited: Duration::ZERO,
-            });
+            return Err(Error::timeout(rank, peer, "init (connect)", Duration::ZERO));
         }
         match TcpStream::connect_timeout(&sa, left.min(Duration::from_secs(5))) {
             Ok(s) => return Ok(s),
@@ -378,10 +551,5 @@ fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpSt
 }
 
 fn peer_lost(rank: usize, peer: usize, op: &'static str, e: std::io::Error) -> Error {
-    Error::PeerLost {
-        rank,
-        peer,
-        op,
-        detail: e.to_string(),
-    }
+    Error::lost(rank, peer, op, Cause::Exited, e.to_string())
 }
