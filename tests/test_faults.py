@@ -299,3 +299,93 @@ def test_abort_from_a_signal_handler_reaches_the_blocked_main_thread() -> None:
     assert float(out[0]["after"]) < 3, out  # type: ignore[arg-type]
     assert out[1]["type"] == "PeerLostError", out
     assert out[1]["culprit"] == 0 and out[1]["cause"] == "aborted", out
+
+
+# -- 7. bad input stays an error: a fuzzer at the TCP endpoints ----------------
+
+
+def _fuzz_listeners(port: int, world: int, gate: object, report: dict[str, int]) -> None:
+    """Sends random and truncated hellos (with and without the job token) to
+    every listening rank while the job connects, then lets the last rank in."""
+    import json
+    import random
+    import socket
+    import struct
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30),
+                         wait_for_workers=False)
+        prefix = f"ringlet/w{world}/g0/world"
+        store.wait([f"{prefix}/peer/{r}" for r in range(world - 1)] + [f"{prefix}/token"])
+        token = int(store.get(f"{prefix}/token"))
+        addrs = [json.loads(store.get(f"{prefix}/peer/{r}"))["addr"] for r in range(world - 1)]
+        rng = random.Random(14)
+        magic = 0x5249_4E47_4C45_5401
+
+        def hello(m: int, t: int, r: int) -> bytes:
+            return struct.pack("<QQQ", m, t, r)
+
+        good = hello(magic, token, world - 1)
+        frames: list[tuple[bytes, bool]] = []  # (bytes, keep the connection open)
+        frames += [(rng.randbytes(rng.randrange(0, 80)), False) for _ in range(12)]
+        frames += [(good[:k], False) for k in (1, 8, 16, 23)]  # truncated, with the token
+        frames += [(good[:k], True) for k in (0, 5, 20)]  # truncated and then silent
+        frames += [(hello(magic, token ^ 1, world - 1), False)]  # wrong token
+        frames += [(hello(magic ^ 1, token, world - 1) + rng.randbytes(64), False)]
+        frames += [(hello(magic, token, r), False) for r in (0, world, 2**64 - 1)]
+        frames += [(hello(magic, token, 0) + rng.randbytes(4096), False)]
+        kept = []
+        for addr in addrs:
+            host, p = addr.rsplit(":", 1)
+            for data, keep in frames:
+                s = socket.create_connection((host, int(p)), timeout=5)
+                s.sendall(data)
+                if keep:
+                    kept.append(s)
+                else:
+                    s.close()
+                report["sent"] = report.get("sent", 0) + 1
+        report["kept_open"] = len(kept)
+        gate.set()  # type: ignore[attr-defined]
+        # silent connections stay open while the job finishes connecting
+        store.wait([f"{prefix}/peer/{world - 1}"])
+    finally:
+        gate.set()  # type: ignore[attr-defined]
+
+
+def _fuzzed_job(rank: int, world: int, port: int, gate: object) -> dict[str, int]:
+    report: dict[str, int] = {}
+    if rank == 0:
+        fuzzer = threading.Thread(target=_fuzz_listeners, args=(port, world, gate, report))
+        fuzzer.start()
+    if rank == world - 1:
+        assert gate.wait(60)  # type: ignore[attr-defined]
+    start = time.monotonic()
+    ringlet.init(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                 timeout=20)
+    report["init_s"] = int(time.monotonic() - start)
+    for n in (0, 1, 7, 1 << 16):
+        x = torch.arange(n, dtype=torch.float64) + rank
+        want = sum(torch.arange(n, dtype=torch.float64) + r for r in range(world))
+        assert torch.equal(ringlet.all_reduce(ringlet.REDUCE_SUM, x), want)
+        got = ringlet.all_gather(torch.full((n,), float(rank)))
+        assert torch.equal(got, torch.cat([torch.full((n,), float(r)) for r in range(world)]))
+    if rank == 0:
+        fuzzer.join(30)
+    return report
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fuzzed_hellos_are_dropped_without_delay_or_damage(transport: str) -> None:
+    import torch.multiprocessing as mp
+
+    from conftest import free_port
+
+    gate = mp.get_context("spawn").Event()
+    out = launch(3, _fuzzed_job, free_port(), gate, transport=transport, init=False,
+                 timeout=120)
+    assert out[0]["sent"] == 2 * 25 and out[0]["kept_open"] == 6, out
+    assert all(r["init_s"] < 10 for r in out.values()), out

@@ -242,3 +242,58 @@ pub(crate) fn check_interrupt(rank: usize) -> crate::Result<()> {
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{OpDesc, DESC_WORDS};
+
+    /// xorshift64*: a deterministic stream of fuzz words.
+    fn words(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed;
+        move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+    }
+
+    #[test]
+    fn notices_round_trip_and_garbage_is_no_notice() {
+        for cause in [Cause::Exited, Cause::TimedOut, Cause::Aborted, Cause::Left] {
+            assert_eq!(decode_notice(&encode_notice(7, cause)), Some((7, cause)));
+        }
+        let mut next = words(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..100_000 {
+            let mut tail = [0u8; NOTICE_BYTES];
+            for c in tail.chunks_exact_mut(8) {
+                c.copy_from_slice(&next().to_le_bytes());
+            }
+            assert_eq!(decode_notice(&tail), None);
+            // a notice with a corrupted cause code is refused too
+            let mut bad = encode_notice(3, Cause::Exited);
+            bad[16..24].copy_from_slice(&(next() | 64).to_le_bytes());
+            assert_eq!(decode_notice(&bad), None);
+        }
+    }
+
+    #[test]
+    fn random_descriptors_decode_or_are_refused_never_panic() {
+        let mut next = words(14);
+        let mut decoded = 0;
+        for i in 0..200_000u64 {
+            let mut w = [0u64; DESC_WORDS];
+            for x in w.iter_mut() {
+                // mix small values in so that some descriptors are valid
+                *x = if i % 3 == 0 { next() % 16 } else { next() };
+            }
+            if let Some(d) = OpDesc::decode(&w) {
+                decoded += 1;
+                let _ = d.describe();
+                assert_eq!(OpDesc::decode(&d.encode()), Some(d));
+            }
+        }
+        assert!(decoded > 0);
+    }
+}

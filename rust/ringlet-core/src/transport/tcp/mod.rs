@@ -20,6 +20,82 @@ const HELLO_MAGIC: u64 = 0x5249_4e47_4c45_5401; // "RINGLET\x01"
 const POLL_SLICE: Duration = Duration::from_millis(20);
 const HANGUP: libc::c_short = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
 
+/// Longest an incoming connection may take to send its hello.
+const HELLO_PATIENCE: Duration = Duration::from_secs(2);
+/// Most connections whose hello is awaited at once (the oldest is dropped).
+const MAX_PENDING_HELLOS: usize = 64;
+const HELLO_BYTES: usize = 24;
+
+/// An accepted connection whose hello (magic, job token, rank) is being read.
+struct Hello {
+    stream: TcpStream,
+    buf: [u8; HELLO_BYTES],
+    got: usize,
+    since: Instant,
+}
+
+enum HelloState {
+    Waiting,
+    Rejected,
+    Peer(usize),
+}
+
+impl Hello {
+    fn new(stream: TcpStream) -> Self {
+        Hello {
+            stream,
+            buf: [0; HELLO_BYTES],
+            got: 0,
+            since: Instant::now(),
+        }
+    }
+
+    /// Reads what arrived; decides once the hello is complete. Anything but
+    /// the exact hello of a higher rank not yet connected is rejected (the
+    /// connection is then closed): garbage, a short hello followed by the
+    /// end of the stream, silence past `HELLO_PATIENCE`, a wrong token, an
+    /// impossible or duplicate rank. (What follows a good hello is the
+    /// peer's first message: the job token is what authenticates a peer.)
+    fn progress(
+        &mut self,
+        token: u64,
+        rank: usize,
+        size: usize,
+        streams: &[Option<TcpStream>],
+    ) -> HelloState {
+        while self.got < HELLO_BYTES {
+            match (&self.stream).read(&mut self.buf[self.got..]) {
+                Ok(0) => return HelloState::Rejected,
+                Ok(n) => self.got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    return if self.since.elapsed() > HELLO_PATIENCE {
+                        HelloState::Rejected
+                    } else {
+                        HelloState::Waiting
+                    };
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return HelloState::Rejected,
+            }
+        }
+        let word =
+            |i: usize| u64::from_le_bytes(self.buf[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let (magic, tok) = (word(0), word(1));
+        let Ok(peer) = usize::try_from(word(2)) else {
+            return HelloState::Rejected;
+        };
+        if magic != HELLO_MAGIC
+            || tok != token
+            || peer <= rank
+            || peer >= size
+            || streams[peer].is_some()
+        {
+            return HelloState::Rejected;
+        }
+        HelloState::Peer(peer)
+    }
+}
+
 /// One pending data movement with a peer.
 pub enum Xfer<'a> {
     Send {
@@ -116,49 +192,61 @@ impl TcpMesh {
                 .map_err(|e| peer_lost(rank, peer, "connect", e))?;
             streams[peer] = Some(s);
         }
+        // Accept the higher ranks. Hellos are read from every connection at
+        // once, without blocking: a stray or hostile connection (silent,
+        // truncated, garbage, wrong token, impossible rank) is dropped after
+        // at most HELLO_PATIENCE and never delays the real peers.
         let mut missing = size - rank - 1;
+        let mut pending: Vec<Hello> = Vec::new();
         while missing > 0 {
-            let (s, _) = match listener.accept() {
-                Ok(pair) => pair,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        let peer = (rank + 1..size)
-                            .find(|p| streams[*p].is_none())
-                            .unwrap_or(rank);
-                        return Err(Error::timeout(rank, peer, "init (connect)", timeout));
+            loop {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        if s.set_nonblocking(true).is_ok() {
+                            if pending.len() >= MAX_PENDING_HELLOS {
+                                pending.remove(0);
+                            }
+                            pending.push(Hello::new(s));
+                        }
                     }
-                    let mut p = [libc::pollfd {
-                        fd: listener.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    }];
-                    sys::poll(&mut p, (deadline - now).min(POLL_SLICE))?;
-                    continue;
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
+                    Err(e) => return Err(Error::io("accept", e)),
                 }
-                Err(e) => return Err(Error::io("accept", e)),
-            };
-            s.set_nonblocking(false)
-                .map_err(|e| Error::io("set_nonblocking", e))?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(|e| Error::io("set_read_timeout", e))?;
-            let mut hello = [0u8; 24];
-            if (&s).read_exact(&mut hello).is_err() {
-                continue; // not one of ours
             }
-            let word =
-                |i: usize| u64::from_le_bytes(hello[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-            let (magic, tok, peer) = (word(0), word(1), word(2) as usize);
-            if magic != HELLO_MAGIC
-                || tok != token
-                || peer <= rank
-                || peer >= size
-                || streams[peer].is_some()
-            {
-                continue;
+            let mut i = 0;
+            while i < pending.len() {
+                match pending[i].progress(token, rank, size, &streams) {
+                    HelloState::Waiting => i += 1,
+                    HelloState::Rejected => {
+                        pending.swap_remove(i);
+                    }
+                    HelloState::Peer(peer) => {
+                        streams[peer] = Some(pending.swap_remove(i).stream);
+                        missing -= 1;
+                    }
+                }
             }
-            streams[peer] = Some(s);
-            missing -= 1;
+            if missing == 0 {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let peer = (rank + 1..size)
+                    .find(|p| streams[*p].is_none())
+                    .unwrap_or(rank);
+                return Err(Error::timeout(rank, peer, "init (connect)", timeout));
+            }
+            let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
+                .chain(pending.iter().map(|h| h.stream.as_raw_fd()))
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            sys::poll(&mut fds, (deadline - now).min(POLL_SLICE))?;
         }
         for s in streams.iter().flatten() {
             s.set_nodelay(true)
