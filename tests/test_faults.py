@@ -389,3 +389,28 @@ def test_fuzzed_hellos_are_dropped_without_delay_or_damage(transport: str) -> No
                  timeout=120)
     assert out[0]["sent"] == 2 * 25 and out[0]["kept_open"] == 6, out
     assert all(r["init_s"] < 10 for r in out.values()), out
+
+
+def _ctrl_c(rank: int, world: int, aborted: object) -> dict[str, object]:
+    if rank == 0:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        start = time.monotonic()
+        try:
+            ringlet.barrier()  # rank 1 is not there: blocked until Ctrl-C
+        except KeyboardInterrupt:
+            after = time.monotonic() - start
+        aborted.set()  # type: ignore[attr-defined]
+        return {"after": after}
+    aborted.wait(60)  # type: ignore[attr-defined]
+    with pytest.raises(ringlet.PeerLostError) as e:
+        ringlet.barrier()
+    return {"culprit": e.value.culprit, "cause": e.value.cause}
+
+
+def test_ctrl_c_interrupts_a_blocked_collective_and_peers_learn_it() -> None:
+    import torch.multiprocessing as mp
+
+    aborted = mp.get_context("spawn").Event()
+    out = launch(2, _ctrl_c, aborted, comm_timeout=30, timeout=90)
+    assert float(out[0]["after"]) < 3, out  # type: ignore[arg-type]
+    assert out[1] == {"culprit": 0, "cause": "aborted"}, out
