@@ -31,6 +31,7 @@ __all__ = [
     "init",
     "is_initialized",
     "local_world_size",
+    "peer_transports",
     "shutdown",
     "transport",
     "world_size",
@@ -500,6 +501,30 @@ def transport() -> str:
     process), ``"shm+cma"`` (shared memory with single-copy reads), ``"shm"``
     or ``"tcp"``."""
     return _require().comm.transport
+
+
+def peer_transports() -> dict[int, str]:
+    """Returns, for every other rank, the transport that carries this rank's
+    bytes to it on the fastest path: ``"shm+cma"`` / ``"shm"`` for ranks on
+    this host (on multi-host jobs: in the two-level collectives' host group;
+    flat collectives across hosts use TCP to every peer), ``"tcp"`` for ranks
+    on other hosts.
+
+    Returns:
+      dict[int, str]: peer rank -> transport; empty in a world of one.
+
+    Example:
+      >>> ringlet.peer_transports()     # 2 hosts x 2 ranks, on rank 0
+      {1: 'shm+cma', 2: 'tcp', 3: 'tcp'}
+    """
+    state = _require()
+    mine = next(g for g in _layout(state.hosts) if state.rank in g)
+    local = state.hier[0].transport if state.hier is not None else state.comm.transport
+    return {
+        r: (local if r in mine else state.comm.transport)
+        for r in range(state.world_size)
+        if r != state.rank
+    }
 
 
 def _world() -> _core.Communicator:
