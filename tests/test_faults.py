@@ -110,6 +110,9 @@ def _workload(scenario: str, rank: int, world: int) -> object:
     """One step of the scenario's collectives (every rank calls it alike)."""
     if scenario == "world":
         return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(1 << 20)])
+    if scenario == "two-level":  # two simulated hosts: shm within, TCP across
+        assert ringlet.runtime._require().hier is not None
+        return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(1 << 18)])
     if scenario == "small":
         return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(7)])
     if scenario == "groups":
@@ -183,7 +186,8 @@ def _die_and_recover(rank: int, world: int, scenario: str, port: int) -> dict[st
 
 @pytest.mark.parametrize(
     "transport,scenario",
-    [(t, s) for t in TRANSPORTS for s in ("world", "small", "groups", "bucket")],
+    [(t, s) for t in TRANSPORTS for s in ("world", "small", "groups", "bucket")]
+    + [("shm", "two-level")],
 )
 def test_killed_rank_is_named_on_every_survivor_then_recovery(
     transport: str, scenario: str
@@ -191,8 +195,11 @@ def test_killed_rank_is_named_on_every_survivor_then_recovery(
     from conftest import free_port
 
     before = shm_entries()
+    hosts = None
+    if scenario == "two-level":
+        hosts = [{"RINGLET_HOST_ID": f"host{r // 2}"} for r in range(4)]
     out = launch(4, _die_and_recover, scenario, free_port(), transport=transport,
-                 expect_dead=(VICTIM,), comm_timeout=20, timeout=120)
+                 expect_dead=(VICTIM,), comm_timeout=20, timeout=120, per_rank_env=hosts)
     assert set(out) == {0, 1, 3}
     for rank, r in out.items():
         msg = str(r["msg"])
