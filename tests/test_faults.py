@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -165,18 +167,34 @@ def _die_and_recover(rank: int, world: int, scenario: str, port: int) -> dict[st
     }
     with pytest.raises(ringlet.CommunicatorAbortedError):
         ringlet.barrier()
-    # 5. Recovery: the survivors form a new world in the same process.
+    # 5. Recovery: the survivors form a new world in the same process; in the
+    # "world" scenario a replacement process joins them as the new last rank.
     ringlet.shutdown()
     survivors = [r for r in range(world) if r != VICTIM]
     me = survivors.index(rank)
-    ringlet.init(rank=me, world_size=len(survivors), master_addr="127.0.0.1",
+    size = len(survivors) + (scenario == "world")
+    replacement = None
+    if scenario == "world" and me == 0:
+        replacement = subprocess.Popen([
+            sys.executable, "-c",
+            "import ringlet, torch;"
+            f"ringlet.init(rank={size - 1}, world_size={size}, master_addr='127.0.0.1',"
+            f" master_port={port}, timeout=30);"
+            f"x = ringlet.all_reduce('sum', torch.arange(10.0) * {size});"
+            f"assert torch.equal(x, torch.arange(10.0) * {sum(range(1, size + 1))});"
+            "g = ringlet.all_gather(torch.tensor([-1.0]));"
+            "ringlet.shutdown()",
+        ])
+    ringlet.init(rank=me, world_size=size, master_addr="127.0.0.1",
                  master_port=port, timeout=30)
     x = torch.arange(10.0) * (me + 1)
     got = ringlet.all_reduce(ringlet.REDUCE_SUM, x)
-    assert torch.equal(got, torch.arange(10.0) * sum(range(1, len(survivors) + 1)))
-    assert torch.equal(ringlet.all_gather(torch.tensor([float(rank)])),
-                       torch.tensor([float(r) for r in survivors]))
+    assert torch.equal(got, torch.arange(10.0) * sum(range(1, size + 1)))
+    want = [float(r) for r in survivors] + [-1.0] * (size - len(survivors))
+    assert torch.equal(ringlet.all_gather(torch.tensor([float(rank)])), torch.tensor(want))
     ringlet.shutdown()
+    if replacement is not None:
+        assert replacement.wait(timeout=60) == 0
     if scenario == "bucket":
         ringlet.tensor.close_modules()
     out["leaked_fds"] = _fds() - fds

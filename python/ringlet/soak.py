@@ -293,12 +293,15 @@ def _rank(rank: int, world: int, port: int, transport: str, ops: int, seed: int,
         prog.counts.clear()
         before = (_rss_kib(), _fds(), _shm())
         start = time.monotonic()
+        mid = before
         for i in range(warm, warm + ops):
+            if i == warm + ops // 2:
+                mid = (_rss_kib(), _fds(), _shm())
             prog.step(i, rng)
         ringlet.barrier()
         took = time.monotonic() - start
         after = (_rss_kib(), _fds(), _shm())
-        results.put((rank, "ok", {"before": before, "after": after, "seconds": took,
+        results.put((rank, "ok", {"before": before, "mid": mid, "after": after, "seconds": took,
                                   "counts": prog.counts, "transport": ringlet.transport()}))
         prog.module.close()
         ringlet.shutdown()
@@ -325,8 +328,8 @@ def run(ops: int = 10_000, world: int = 4, transport: str = "shm", seed: int = 1
         raised.
 
     Returns:
-      dict: per rank, ``before`` and ``after`` (resident KiB, open fds,
-      /dev/shm entries), ``seconds``, ``counts`` per operation kind and the
+      dict: per rank, ``before``, ``mid`` (half-way) and ``after`` (resident
+      KiB, open fds, /dev/shm entries), ``seconds``, ``counts`` per operation kind and the
       world ``transport``.
 
     Example:
@@ -400,7 +403,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"kinds {dict(sorted(res[0]['counts'].items()))}")
         for r, v in sorted(res.items()):
             (rss0, fd0, shm0), (rss1, fd1, shm1) = v["before"], v["after"]
-            print(f"  rank {r}: RSS {rss0} -> {rss1} KiB ({rss1 - rss0:+d}), "
+            print(f"  rank {r}: RSS {rss0} -> {v['mid'][0]} (half-way) -> {rss1} KiB "
+                  f"({rss1 - rss0:+d}; second half {rss1 - v['mid'][0]:+d}), "
                   f"fds {fd0} -> {fd1}, /dev/shm {shm0} -> {shm1}")
             if fd1 > fd0 or shm1 > shm0:
                 status = 1
