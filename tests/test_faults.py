@@ -165,8 +165,9 @@ def _die_and_recover(rank: int, world: int, scenario: str, port: int) -> dict[st
         "type": type(e).__name__, "msg": str(e), "culprit": e.culprit, "cause": e.cause,
         "op": e.op, "group": e.group, "rank": e.rank, "after": time.monotonic() - start,
     }
-    with pytest.raises(ringlet.CommunicatorAbortedError):
+    with pytest.raises(ringlet.CommunicatorAbortedError) as again:
         ringlet.barrier()
+    out["again_culprit"] = again.value.culprit
     # 5. Recovery: the survivors form a new world in the same process; in the
     # "world" scenario a replacement process joins them as the new last rank.
     ringlet.shutdown()
@@ -225,6 +226,7 @@ def test_killed_rank_is_named_on_every_survivor_then_recovery(
         assert f"rank {rank}:" in msg, msg
         assert f"lost rank {VICTIM}: rank {VICTIM} exited or was killed" in msg, msg
         assert r["type"] == "PeerLostError" and r["op"] and r["group"], r
+        assert r["again_culprit"] == VICTIM, r  # later calls still name it
         assert float(r["after"]) < 15, r  # type: ignore[arg-type]
         assert int(r["leaked_fds"]) <= 0 and int(r["leaked_threads"]) <= 0, r  # type: ignore[call-overload]
     assert shm_entries() <= before

@@ -109,8 +109,13 @@ pub enum Error {
         group: String,
         via: Option<usize>,
     },
-    /// An earlier failure (or `abort`) left the communicator unusable.
-    Aborted { rank: usize, reason: String },
+    /// An earlier failure (or `abort`) left the communicator unusable;
+    /// `origin` is the rank that failure started from and its cause.
+    Aborted {
+        rank: usize,
+        reason: String,
+        origin: Option<(usize, Cause)>,
+    },
     /// A system call failed while setting up or using a transport.
     Io { context: String, message: String },
 }
@@ -206,7 +211,7 @@ impl Error {
         match self {
             Error::Timeout { peer, .. } => Some((*peer, Cause::TimedOut)),
             Error::PeerLost { peer, cause, .. } => Some((*peer, *cause)),
-            Error::Aborted { .. } => Some((me, Cause::Aborted)),
+            Error::Aborted { origin, .. } => Some(origin.unwrap_or((me, Cause::Aborted))),
             Error::Io { .. } => Some((me, Cause::Failed)),
             _ => None,
         }
@@ -255,9 +260,14 @@ impl Error {
                 group: if group.is_empty() { name.into() } else { group },
                 via: via.map(g),
             },
-            Error::Aborted { rank, reason } => Error::Aborted {
+            Error::Aborted {
+                rank,
+                reason,
+                origin,
+            } => Error::Aborted {
                 rank: g(rank),
                 reason,
+                origin,
             },
             other => other,
         }
@@ -340,7 +350,7 @@ impl fmt::Display for Error {
                 }
                 Ok(())
             }
-            Error::Aborted { rank, reason } => write!(
+            Error::Aborted { rank, reason, .. } => write!(
                 f,
                 "rank {rank}: communicator is unusable after an earlier failure: {reason}"
             ),

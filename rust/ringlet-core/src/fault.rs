@@ -102,6 +102,7 @@ impl Tripwire {
             .unwrap_or(Error::Aborted {
                 rank: 0,
                 reason: "the communicator was aborted".into(),
+                origin: None,
             })
     }
 
@@ -218,6 +219,7 @@ pub fn abort_domain(domain: u64, rank: usize) {
     let fault = Error::Aborted {
         rank,
         reason: format!("rank {rank} called ringlet.abort()"),
+        origin: Some((rank, Cause::Aborted)),
     };
     trip_domain(domain, &fault, rank, Cause::Aborted);
 }
@@ -238,6 +240,7 @@ pub(crate) fn check_interrupt(rank: usize) -> crate::Result<()> {
         Some(f) if f() => Err(Error::Aborted {
             rank,
             reason: "interrupted by a signal while blocked in a collective".into(),
+            origin: Some((rank, Cause::Aborted)),
         }),
         _ => Ok(()),
     }

@@ -230,9 +230,11 @@ impl Communicator {
             self.failure = Some(self.wire.fault());
         }
         if let Some(e) = &self.failure {
+            let me = self.global(self.rank);
             return Err(Error::Aborted {
-                rank: self.global(self.rank),
+                rank: me,
                 reason: e.to_string(),
+                origin: e.origin(me),
             });
         }
         let out = f(self).and_then(|v| {

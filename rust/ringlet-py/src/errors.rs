@@ -94,12 +94,14 @@ pub fn to_pyerr(err: Error) -> PyErr {
                     via,
                 },
             ),
-            Error::Aborted { rank, .. } => ringlet_exception(
+            Error::Aborted { rank, origin, .. } => ringlet_exception(
                 py,
                 "CommunicatorAbortedError",
                 msg,
                 Fields {
                     rank: Some(rank),
+                    culprit: origin.map(|o| o.0),
+                    cause: origin.map(|o| o.1.name()),
                     ..Fields::default()
                 },
             ),

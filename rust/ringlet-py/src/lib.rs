@@ -174,10 +174,12 @@ impl Communicator {
             let mut guard = self.inner.lock().map_err(|_| core::Error::Aborted {
                 rank,
                 reason: "an earlier call panicked".into(),
+                origin: None,
             })?;
             let comm = guard.as_mut().ok_or_else(|| core::Error::Aborted {
                 rank,
                 reason: "the communicator was shut down".into(),
+                origin: None,
             })?;
             f(comm).map_err(|e| match e {
                 core::Error::InvalidArgument(m) if !m.starts_with("rank ") => {
