@@ -37,6 +37,13 @@ def _entry_points() -> dict[str, object]:
         "recv": lambda: ringlet.recv(x, 0),
         "collective_permute": lambda: ringlet.collective_permute(x, [(0, 0)]),
         "reduce_gradients": lambda: ringlet.reduce_gradients(_opt()),
+        "optimizer_step": lambda: ringlet.optimizer_step(_opt()),
+        "broadcast_master_param": lambda: ringlet.broadcast_master_param(torch.nn.Linear(2, 2)),
+        "all_to_all_v": lambda: ringlet.all_to_all_v([x, x], [x.clone(), x.clone()]),
+        "all_gather_bucketized": lambda: ringlet.all_gather_bucketized([x]),
+        "reduce_scatter_bucketized": lambda: ringlet.reduce_scatter_bucketized(
+            ringlet.REDUCE_SUM, [x], 1.0, 0, 2),
+        "comm hook state": lambda: ringlet.comm_hooks.AllReduceState(),
         "ops.all_reduce": lambda: torch.ops.ringlet.all_reduce(x),
         "ops.all_gather": lambda: torch.ops.ringlet.all_gather(x, 0),
         "ops.reduce_scatter": lambda: torch.ops.ringlet.reduce_scatter(x),
