@@ -155,11 +155,13 @@ def _workload(scenario: str, rank: int, world: int) -> object:
     raise AssertionError(scenario)
 
 
-def _die_and_recover(rank: int, world: int, scenario: str, port: int) -> dict[str, object]:
+def _die_and_recover(
+    rank: int, world: int, scenario: str, port: int, victim: int = VICTIM
+) -> dict[str, object]:
     step = _workload(scenario, rank, world)
     step()  # type: ignore[operator]  # everyone is up
     threads, fds = threading.active_count(), _fds()
-    if rank == VICTIM:
+    if rank == victim:
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
         while True:
             step()  # type: ignore[operator]
@@ -178,7 +180,7 @@ def _die_and_recover(rank: int, world: int, scenario: str, port: int) -> dict[st
     # 5. Recovery: the survivors form a new world in the same process; in the
     # "world" scenario a replacement process joins them as the new last rank.
     ringlet.shutdown()
-    survivors = [r for r in range(world) if r != VICTIM]
+    survivors = [r for r in range(world) if r != victim]
     me = survivors.index(rank)
     size = len(survivors) + (scenario == "world")
     replacement = None
@@ -237,6 +239,18 @@ def test_killed_rank_is_named_on_every_survivor_then_recovery(
         assert float(r["after"]) < 15, r  # type: ignore[arg-type]
         assert int(r["leaked_fds"]) <= 0 and int(r["leaked_threads"]) <= 0, r  # type: ignore[call-overload]
     assert shm_entries() <= before
+
+
+@pytest.mark.parametrize("transport,victim", [("tcp", 0), ("shm", 0), ("shm", 3)])
+def test_any_killed_rank_is_named_even_the_store_host(transport: str, victim: int) -> None:
+    from conftest import free_port
+
+    out = launch(4, _die_and_recover, "world", free_port(), victim, transport=transport,
+                 expect_dead=(victim,), comm_timeout=20, timeout=120)
+    assert set(out) == set(range(4)) - {victim}
+    for rank, r in out.items():
+        assert r["culprit"] == victim and r["cause"] == "exited", (rank, r)
+        assert f"lost rank {victim}: rank {victim} exited or was killed" in str(r["msg"]), r
 
 
 # -- 3. hung, not dead; ringlet.abort() ----------------------------------------
