@@ -259,18 +259,18 @@ def test_any_killed_rank_is_named_even_the_store_host(transport: str, victim: in
 def _stopped_rank(rank: int, world: int) -> dict[str, object]:
     pids = ringlet.all_gather(torch.tensor([os.getpid()])).tolist()
     ok = 0
-    start = time.monotonic()
+    last_ok = time.monotonic()
     try:
         while True:
             if rank == 0 and ok == 20:
                 os.kill(pids[VICTIM], signal.SIGSTOP)
-                start = time.monotonic()
             got = ringlet.all_reduce(ringlet.REDUCE_SUM, torch.full((5000,), float(rank)))
             assert torch.equal(got, torch.full((5000,), float(sum(range(world)))))
             ok += 1
+            last_ok = time.monotonic()
     except ringlet.RingletError as e:
         err = e
-    after = time.monotonic() - start
+    after = time.monotonic() - last_ok  # since this rank's last completed collective
     if rank == 0:
         os.kill(pids[VICTIM], signal.SIGCONT)
     return {"type": type(err).__name__, "culprit": err.culprit, "cause": err.cause,
@@ -285,7 +285,8 @@ def test_stopped_rank_times_out_named_and_raises_after_sigcont(transport: str) -
         assert r["culprit"] == VICTIM and r["cause"] == "timeout", (rank, r)
         assert "did not arrive within the timeout" in str(r["msg"]), r
     for rank in (0, 1, 3):
-        assert 1.9 < float(out[rank]["after"]) < 2.0 + 1.0 + 1.5, out[rank]  # type: ignore[arg-type]
+        # the timeout, the blame grace (1 s here), and slack for a loaded machine
+        assert 1.9 < float(out[rank]["after"]) < 2.0 + 1.0 + 2.0, out[rank]  # type: ignore[arg-type]
     # the stopped rank never returned a result its peers did not get
     assert int(out[VICTIM]["ok"]) <= min(int(out[r]["ok"]) for r in (0, 1, 3)), out  # type: ignore[call-overload]
 

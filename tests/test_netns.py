@@ -134,5 +134,5 @@ def test_two_hosts_then_cut_link() -> None:
         assert c["culprit"] in across, (r, c)
         assert c["cause"] in ("timeout", "unreachable"), (r, c)
         assert f"rank {c['culprit']}" in c["msg"], c
-        assert c["after"] < timeout + 3.0, (r, c)
+        assert c["after"] < timeout + 4.0, (r, c)  # timeout, blame grace, slack for load
     assert shm_entries() <= before

@@ -142,7 +142,7 @@ impl Tripwire {
             }
             let notice = encode_notice(me, Cause::Left);
             for &fd in &t.fds {
-                write_notice(fd, &notice, Duration::ZERO);
+                write_notice(fd, &notice, Duration::from_millis(20));
             }
         }
         t.closed = true;

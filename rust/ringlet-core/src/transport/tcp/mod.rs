@@ -497,7 +497,8 @@ impl TcpMesh {
 
     /// After an operation: fails if a peer gave up meanwhile, so that a rank
     /// resumed after being stopped never returns data its peers abandoned. A
-    /// peer that finished and shut down normally is no failure.
+    /// peer that finished and shut down normally (or died after doing its
+    /// part) is no failure of this operation.
     pub fn check_peers(&self, op: &'static str) -> Result<()> {
         let peers: Vec<usize> = (0..self.size()).filter(|&p| p != self.rank).collect();
         let mut fds: Vec<libc::pollfd> = peers
@@ -513,10 +514,22 @@ impl TcpMesh {
         for (i, p) in fds.iter().enumerate() {
             if p.revents & HANGUP != 0 {
                 match self.drain_error(peers[i], op) {
-                    Error::PeerLost {
-                        cause: Cause::Left, ..
-                    } => {}
-                    e => return Err(e),
+                    // Only an abort notice fails a finished operation: a peer
+                    // that left (or whose end came without a notice) did its
+                    // part; the next operation with it will find out.
+                    e @ (Error::Timeout { via: Some(_), .. }
+                    | Error::PeerLost { via: Some(_), .. })
+                        if !matches!(
+                            e,
+                            Error::PeerLost {
+                                cause: Cause::Left,
+                                ..
+                            }
+                        ) =>
+                    {
+                        return Err(e)
+                    }
+                    _ => {}
                 }
             }
         }
