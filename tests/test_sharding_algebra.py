@@ -203,7 +203,15 @@ def test_get_1d_mesh(monkeypatch):
 def test_normalize_partition_spec():
     mesh = Mesh(range(8), (2, 2, 2), ("a", "b", "c"))
     assert normalize_partition_spec(mesh, (("c", "a"), None, "b")) == ((2, 0), None, 1)
-    assert normalize_partition_spec(mesh, [0, [1, "c"]]) == (0, (1, 2))
+    assert normalize_partition_spec(mesh, [0, (1, "c")]) == (0, (1, 2))  # the spec may be a list
+    # ...but an axis group is a tuple, as torch_xla requires: list entries are refused
+    for bad in ([0, [1, "c"]], ([0], None), (None, ["b"])):
+        with pytest.raises(ValueError, match=r"list \(.*\) is not supported"):
+            normalize_partition_spec(mesh, bad)
+        with pytest.raises(ValueError, match="list"):
+            _translate_named_partition_spec(mesh, bad)
+        with pytest.raises(ValueError, match="list"):
+            mesh.get_op_sharding(bad)
     assert normalize_partition_spec(mesh, (np.int64(1),)) == (1,)
     assert normalize_partition_spec(mesh, ()) == ()
     assert normalize_partition_spec(mesh, (("b",),)) == ((1,),)

@@ -76,12 +76,14 @@ from .errors import (
     TensorRegistrationError,
 )
 from .runtime import (
+    abort,
     get_local_ordinal,
     get_ordinal,
     host_layout,
     init,
     is_initialized,
     local_world_size,
+    peer_transports,
     shutdown,
     transport,
     world_size,
@@ -92,6 +94,7 @@ __version__ = _core.__version__
 c10d.register()  # init_process_group("ringlet")
 
 __all__ = [
+    "abort",
     "comm_hooks",
     "ops",
     "CoalescingBuckets",
@@ -151,6 +154,7 @@ __all__ = [
     "send",
     "send_cpu_data_to_device",
     "set_rng_state",
+    "peer_transports",
     "shutdown",
     "tensor",
     "transport",

@@ -15,7 +15,7 @@ class Communicator:
     """One rank's endpoint in a group of ranks."""
 
     @staticmethod
-    def single() -> Communicator: ...
+    def single(domain: int = 0) -> Communicator: ...
     @staticmethod
     def connect(
         listener: Listener,
@@ -30,6 +30,9 @@ class Communicator:
         cma_threshold: int = ...,
         small_bytes: int = ...,
         spins: int = 2000,
+        members: list[int] = ...,
+        name: str = "",
+        domain: int = 0,
     ) -> Communicator: ...
     @property
     def rank(self) -> int: ...
@@ -68,6 +71,7 @@ class Communicator:
     def close(self) -> None: ...
 
 def host_identity() -> str: ...
+def abort_domain(domain: int, rank: int) -> None: ...
 
 class Progress:
     """An ordered queue of jobs run by one thread (a process group's

@@ -23,7 +23,25 @@ __all__ = [
 
 
 class RingletError(RuntimeError):
-    """Base class of every error raised by ringlet's communication engine."""
+    """Base class of every error raised by ringlet's communication engine.
+
+    Failures during a collective carry, besides the message, attributes an
+    operator can act on (``None`` where they do not apply): ``rank`` (the
+    rank raising), ``culprit`` (the rank the failure started from, not the
+    neighbour that gave up in reaction), ``cause`` (``"exited"``,
+    ``"unreachable"``, ``"timeout"``, ``"aborted"``, ``"left"``,
+    ``"failed"``), ``op`` (the collective), ``group`` (the communicator, e.g.
+    ``"the world (4 ranks)"`` or ``"replica group [0, 2]"``) and
+    ``reported_by`` (the rank whose abort notice told this rank, ``None`` when
+    it saw the failure itself).
+    """
+
+    rank: int | None = None
+    culprit: int | None = None
+    cause: str | None = None
+    op: str | None = None
+    group: str | None = None
+    reported_by: int | None = None
 
 
 class NotInitializedError(RingletError):
@@ -42,7 +60,9 @@ class CollectiveTimeoutError(RingletError, TimeoutError):
 
 
 class PeerLostError(RingletError, ConnectionError):
-    """A peer's process exited or its connection broke mid-collective."""
+    """A peer is gone for this collective: its process exited or was killed,
+    the network to it is down, or it gave up (``ringlet.abort()``). ``culprit``
+    and the message name the rank the failure started from."""
 
 
 class CommunicatorAbortedError(RingletError):

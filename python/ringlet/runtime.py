@@ -25,12 +25,14 @@ from . import _core
 from .errors import CollectiveTimeoutError, NotInitializedError
 
 __all__ = [
+    "abort",
     "get_local_ordinal",
     "get_ordinal",
     "host_layout",
     "init",
     "is_initialized",
     "local_world_size",
+    "peer_transports",
     "shutdown",
     "transport",
     "world_size",
@@ -56,6 +58,9 @@ class _State:
     hier: Optional[tuple[_core.Communicator, _core.Communicator]] = None
     # Rank 0 of an explicit init runs the key-value store in its own process.
     hosts_store: bool = False
+    # Every communicator of this rank in this job fails together (a failure in
+    # one, or abort(), trips all of them; see rust/ringlet-core/src/fault.rs).
+    domain: int = 0
 
 
 _state: Optional[_State] = None
@@ -134,9 +139,13 @@ def _connect(
     addr: str,
     timeout: float,
     members: Optional[list[int]] = None,
+    name: str = "",
+    domain: int = 0,
 ) -> tuple[_core.Communicator, list[str]]:
     """Exchanges listening addresses under ``key`` and connects a group.
-    ``members`` (global ranks, by group rank) name peers in errors."""
+    ``members`` (global ranks, by group rank) name peers in errors, ``name``
+    names the group, and communicators with the same ``domain`` fail
+    together."""
     host = _host_id()
     bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
     listener = _core.Listener(f"{bind}:0")
@@ -176,9 +185,16 @@ def _connect(
         [p["host"] for p in peers],
         token,
         timeout,
+        members=list(members) if members is not None else list(range(group_size)),
+        name=name or f"a group of {group_size} ranks",
+        domain=domain,
         **_engine_options(),
     )
     return comm, [p["host"] for p in peers]
+
+
+def _new_domain() -> int:
+    return secrets.randbits(63) | 1
 
 
 def init(
@@ -226,8 +242,11 @@ def init(
         if not wait > 0:
             raise ValueError(f"timeout must be positive, got {wait}")
         _engine_options()  # validate the environment early
+        domain = _new_domain()
         if world == 1:
-            _state = _State(0, 1, [_host_id()], float(wait), _core.Communicator.single())
+            _state = _State(
+                0, 1, [_host_id()], float(wait), _core.Communicator.single(domain), domain=domain
+            )
             return
         addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
         port = int(master_port if master_port is not None else _env_int("MASTER_PORT", 29500))
@@ -238,8 +257,11 @@ def init(
         arrivals = int(store.add(f"ringlet/arrivals/{world}", 1))
         prefix = f"ringlet/w{world}/g{(arrivals - 1) // world}"
         my_addr = _local_ip(addr)
-        comm, hosts = _connect(store, f"{prefix}/world", rank, world, my_addr, float(wait))
-        hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait))
+        comm, hosts = _connect(
+            store, f"{prefix}/world", rank, world, my_addr, float(wait),
+            name=f"the world ({world} ranks)", domain=domain,
+        )
+        hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait), domain)
         if hier is not None:
             # The two extra communicators connect through the store in pairs
             # of groups that exclude some ranks: no rank may return (and, on
@@ -249,6 +271,7 @@ def init(
         _state = _State(
             rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier,
             hosts_store=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+            domain=domain,
         )
 
 
@@ -260,7 +283,8 @@ def _layout(hosts: list[str]) -> list[list[int]]:
 
 
 def _hierarchy(
-    store: Any, prefix: str, rank: int, hosts: list[str], addr: str, timeout: float
+    store: Any, prefix: str, rank: int, hosts: list[str], addr: str, timeout: float,
+    domain: int = 0,
 ) -> Optional[tuple[_core.Communicator, _core.Communicator]]:
     """For a job spanning several hosts with the same number (> 1) of ranks
     on each, connects two more communicators: the ranks of this host (shared
@@ -279,13 +303,15 @@ def _hierarchy(
     h = next(i for i, g in enumerate(layout) if rank in g)
     i = layout[h].index(rank)
     local, _ = _connect(
-        store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout, members=layout[h]
+        store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout, members=layout[h],
+        name=f"the ranks of host {h} {layout[h]}", domain=domain,
     )
-    cross, _ = _connect(
+    cross = [g[i] for g in layout]
+    cross_comm, _ = _connect(
         store, f"{prefix}/hier/cross/{i}", h, len(layout), addr, timeout,
-        members=[g[i] for g in layout],
+        members=cross, name=f"the cross-host group {cross}", domain=domain,
     )
-    return local, cross
+    return local, cross_comm
 
 
 def shutdown() -> None:
@@ -337,6 +363,26 @@ def _leave_store(state: _State) -> None:
         pass
 
 
+def abort() -> None:
+    """Gives up on every communicator of this process, as ``ncclCommAbort``.
+
+    A thread blocked in a collective raises within milliseconds (the main
+    thread too when this runs in a signal handler); every later collective
+    raises :class:`CommunicatorAbortedError`; peers blocked on this rank raise
+    :class:`PeerLostError` saying that this rank called ``abort()``. Call
+    :func:`shutdown` and :func:`init` to start over. Safe from any thread and
+    from signal handlers; does nothing before :func:`init`.
+
+    Example:
+      >>> import signal
+      >>> signal.signal(signal.SIGTERM, lambda *_: ringlet.abort())
+      >>> threading.Timer(60, ringlet.abort).start()   # a watchdog
+    """
+    state = _state
+    if state is not None:
+        _core.abort_domain(state.domain, state.rank)
+
+
 def _exit_shutdown() -> None:
     if _state is not None:
         shutdown()
@@ -350,34 +396,81 @@ def is_initialized() -> bool:
     return _state is not None
 
 
+def _launcher_world() -> int:
+    """The world size the launcher announced in ``WORLD_SIZE`` (1 without one)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return 1
+
+
+def _not_initialized() -> NotInitializedError:
+    world = _launcher_world()
+    if world > 1:
+        rank = os.environ.get("RANK", "?")
+        return NotInitializedError(
+            f"rank {rank}: the launcher started {world} ranks (WORLD_SIZE={world}) but "
+            "ringlet is not initialized, so this process would compute as a world of "
+            "one: call ringlet.init() first (under torchrun it needs no arguments)"
+        )
+    return NotInitializedError(
+        "ringlet is not initialized: call ringlet.init() first "
+        "(under torchrun it needs no arguments)"
+    )
+
+
 def _require() -> _State:
     state = _state
     if state is None:
-        raise NotInitializedError(
-            "ringlet is not initialized: call ringlet.init() first "
-            "(under torchrun it needs no arguments)"
-        )
+        raise _not_initialized()
     return state
+
+
+def _solo() -> None:
+    """Before :func:`init`, the rank queries answer for a world of one, which
+    is true only without a launcher: under one (``WORLD_SIZE`` > 1) they
+    raise :class:`NotInitializedError`, so no collective silently runs on one
+    rank while the launcher started several. The one choke point every front
+    end passes through (with :func:`_require`)."""
+    if _launcher_world() > 1:
+        raise _not_initialized()
 
 
 def get_ordinal() -> int:
     """Returns this process's global rank (0 when not initialised).
 
+    Raises:
+      NotInitializedError: before :func:`init` when a launcher set
+        ``WORLD_SIZE`` > 1 (the answer 0 would describe a world of one).
+
     Example:
       >>> ringlet.get_ordinal()
       0
     """
-    return _state.rank if _state is not None else 0
+    state = _state
+    if state is None:
+        _solo()
+        return 0
+    return state.rank
 
 
 def world_size() -> int:
     """Returns the number of processes in the job (1 when not initialised).
 
+    Raises:
+      NotInitializedError: before :func:`init` when a launcher set
+        ``WORLD_SIZE`` > 1: a collective never runs on a world of one while
+        the launcher started several ranks.
+
     Example:
       >>> ringlet.world_size()
       2
     """
-    return _state.world_size if _state is not None else 1
+    state = _state
+    if state is None:
+        _solo()
+        return 1
+    return state.world_size
 
 
 def host_layout() -> list[list[int]]:
@@ -387,9 +480,11 @@ def host_layout() -> list[list[int]]:
       A list with one list of ranks per host, e.g. ``[[0, 1], [2, 3]]``;
       ``[[0]]`` before :func:`init`.
     """
-    if _state is None:
+    state = _state
+    if state is None:
+        _solo()
         return [[0]]
-    return _layout(_state.hosts)
+    return _layout(state.hosts)
 
 
 def get_local_ordinal() -> int:
@@ -400,6 +495,7 @@ def get_local_ordinal() -> int:
       0
     """
     if _state is None:
+        _solo()
         return 0
     return next(g.index(_state.rank) for g in host_layout() if _state.rank in g)
 
@@ -407,6 +503,7 @@ def get_local_ordinal() -> int:
 def local_world_size() -> int:
     """Returns the number of processes on this host."""
     if _state is None:
+        _solo()
         return 1
     return next(len(g) for g in host_layout() if _state.rank in g)
 
@@ -416,6 +513,30 @@ def transport() -> str:
     process), ``"shm+cma"`` (shared memory with single-copy reads), ``"shm"``
     or ``"tcp"``."""
     return _require().comm.transport
+
+
+def peer_transports() -> dict[int, str]:
+    """Returns, for every other rank, the transport that carries this rank's
+    bytes to it on the fastest path: ``"shm+cma"`` / ``"shm"`` for ranks on
+    this host (on multi-host jobs: in the two-level collectives' host group;
+    flat collectives across hosts use TCP to every peer), ``"tcp"`` for ranks
+    on other hosts.
+
+    Returns:
+      dict[int, str]: peer rank -> transport; empty in a world of one.
+
+    Example:
+      >>> ringlet.peer_transports()     # 2 hosts x 2 ranks, on rank 0
+      {1: 'shm+cma', 2: 'tcp', 3: 'tcp'}
+    """
+    state = _require()
+    mine = next(g for g in _layout(state.hosts) if state.rank in g)
+    local = state.hier[0].transport if state.hier is not None else state.comm.transport
+    return {
+        r: (local if r in mine else state.comm.transport)
+        for r in range(state.world_size)
+        if r != state.rank
+    }
 
 
 def _world() -> _core.Communicator:
@@ -435,7 +556,7 @@ def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
         comm = state.groups.get(key)
         if comm is None:
             if len(mine) == 1:
-                comm = _core.Communicator.single()
+                comm = _core.Communicator.single(state.domain)
             else:
                 tag = "/".join(",".join(map(str, g)) for g in key)
                 comm, _ = _connect(
@@ -446,6 +567,8 @@ def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
                     state.addr,
                     state.timeout,
                     members=list(mine),
+                    name=f"replica group {list(mine)}",
+                    domain=state.domain,
                 )
             state.groups[key] = comm
     return comm
@@ -467,6 +590,8 @@ def _pair(peer: int) -> tuple[_core.Communicator, int]:
                 state.addr,
                 state.timeout,
                 members=[lo, hi],
+                name=f"the send/recv pair [{lo}, {hi}]",
+                domain=state.domain,
             )
             state.pairs[peer] = comm
     return comm, 1 if state.rank == lo else 0

@@ -852,7 +852,14 @@ def _normalize_entry(mesh: Mesh, entry: Any, inside_group: bool) -> Any:
                 "None cannot appear inside an axis tuple of a partition spec; "
                 "leave the axis out instead")
         return None
-    if isinstance(entry, (tuple, list)):
+    if isinstance(entry, list):
+        # torch_xla accepts only tuples here (_translate_named_partition_spec
+        # raises ValueError for any other type); a list is not an axis group.
+        raise ValueError(
+            f"partition spec entries must be int, str, tuple or None; list "
+            f"({entry!r}) is not supported (write a tuple to split one "
+            f"dimension over several mesh axes)")
+    if isinstance(entry, tuple):
         if inside_group:
             raise ShardingSpecError(
                 f"partition spec cannot contain nested tuples, got {entry!r}")

@@ -343,7 +343,7 @@ def new_communicator(tag: str) -> _core.Communicator:
     """
     state = runtime._require()
     if state.world_size == 1:
-        return _core.Communicator.single()
+        return _core.Communicator.single(state.domain)
     with _modules_lock:
         gen = _comm_generation.get(tag, 0)
         _comm_generation[tag] = gen + 1
@@ -354,6 +354,8 @@ def new_communicator(tag: str) -> _core.Communicator:
         state.world_size,
         state.addr,
         state.timeout,
+        name=f"the bucket worker's communicator {tag!r}",
+        domain=state.domain,
     )
     return comm
 

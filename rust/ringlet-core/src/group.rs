@@ -3,10 +3,12 @@
 
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::fault::{self, Tripwire};
 use crate::transport::shm::ShmGroup;
 use crate::transport::tcp::TcpMesh;
 use crate::transport::{OpDesc, OpKind, WaitPolicy};
 use std::net::TcpListener;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Tunables of a communicator (the Python side fills them from `RINGLET_*`
@@ -27,6 +29,14 @@ pub struct Config {
     pub small_bytes: usize,
     /// Spin iterations before a waiting rank yields.
     pub spins: u32,
+    /// Global rank of each group rank, for error messages and abort notices
+    /// (empty: group ranks are global ranks).
+    pub members: Vec<usize>,
+    /// The communicator's name in error messages ("the world (4 ranks)").
+    pub name: String,
+    /// Communicators of one rank with the same non-zero domain fail
+    /// together (see `fault`).
+    pub domain: u64,
 }
 
 impl Default for Config {
@@ -39,6 +49,9 @@ impl Default for Config {
             cma_threshold: 128 << 10,
             small_bytes: 64 << 10,
             spins: 2000,
+            members: Vec::new(),
+            name: String::new(),
+            domain: 0,
         }
     }
 }
@@ -70,11 +83,16 @@ pub struct Communicator {
     pub(crate) cfg: Config,
     pub(crate) link: Link,
     failure: Option<Error>,
+    wire: Arc<Tripwire>,
+    /// Name of the operation running (or last run), for errors.
+    op: &'static str,
 }
 
 impl Communicator {
     /// A world of one rank.
     pub fn single(cfg: Config) -> Communicator {
+        let wire = Tripwire::new();
+        fault::register(cfg.domain, &wire);
         Communicator {
             rank: 0,
             size: 1,
@@ -82,6 +100,8 @@ impl Communicator {
             cfg,
             link: Link::Local,
             failure: None,
+            wire,
+            op: "init",
         }
     }
 
@@ -101,6 +121,12 @@ impl Communicator {
             return Err(Error::InvalidArgument(format!(
                 "bad peer table: rank {rank}, {size} addresses, {} hosts",
                 hosts.len()
+            )));
+        }
+        if !cfg.members.is_empty() && cfg.members.len() != size {
+            return Err(Error::InvalidArgument(format!(
+                "bad member table: {} members for {size} ranks",
+                cfg.members.len()
             )));
         }
         if size == 1 {
@@ -126,6 +152,11 @@ impl Communicator {
         } else {
             Link::Tcp(mesh)
         };
+        let wire = match &link {
+            Link::Shm { _tcp: m, .. } | Link::Tcp(m) => m.wire().clone(),
+            Link::Local => Tripwire::new(),
+        };
+        fault::register(cfg.domain, &wire);
         Ok(Communicator {
             rank,
             size,
@@ -133,6 +164,8 @@ impl Communicator {
             cfg,
             link,
             failure: None,
+            wire,
+            op: "init",
         })
     }
 
@@ -171,6 +204,7 @@ impl Communicator {
         root: usize,
     ) -> OpDesc {
         self.seq += 1;
+        self.op = kind.name();
         OpDesc {
             seq: self.seq,
             kind,
@@ -182,48 +216,78 @@ impl Communicator {
         }
     }
 
-    /// Runs one collective: refuses to start on a failed communicator, and
-    /// marks it failed (telling peers, so they stop waiting) on a fatal error.
+    /// Global rank of group rank `r`.
+    fn global(&self, r: usize) -> usize {
+        self.cfg.members.get(r).copied().unwrap_or(r)
+    }
+
+    /// Runs one collective: refuses to start on a failed communicator; after
+    /// it, fails if a peer gave up meanwhile; on a fatal error marks the
+    /// communicator failed and trips it (and its domain), so peers learn the
+    /// culprit. Errors leave with global ranks and the communicator's name.
     pub(crate) fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        if self.failure.is_none() && self.wire.tripped() {
+            self.failure = Some(self.wire.fault());
+        }
         if let Some(e) = &self.failure {
+            let me = self.global(self.rank);
             return Err(Error::Aborted {
-                rank: self.rank,
+                rank: me,
                 reason: e.to_string(),
+                origin: e.origin(me),
             });
         }
-        let out = f(self);
-        if let Err(e) = &out {
+        let out = f(self).and_then(|v| {
+            match &self.link {
+                Link::Local => Ok(()),
+                Link::Shm { shm, .. } => shm.check_peers(self.op),
+                Link::Tcp(mesh) => mesh.check_peers(self.op),
+            }?;
+            Ok(v)
+        });
+        out.map_err(|e| {
+            let e = if self.wire.tripped() {
+                self.wire.fault()
+            } else {
+                e.globalize(&self.cfg.members, &self.cfg.name, self.op)
+            };
             if e.is_fatal() {
                 self.abort(e.clone());
             }
-        }
-        out
+            e
+        })
     }
 
     /// True once a fatal error (a lost or late peer) has made the
     /// communicator unusable.
     pub fn failed(&self) -> bool {
-        self.failure.is_some()
+        self.failure.is_some() || self.wire.tripped()
     }
 
-    /// Gives up on the communicator: peers blocked on this rank fail fast.
+    /// Gives up on the communicator after `reason` (global ranks): peers
+    /// blocked on this rank fail fast and learn the rank the failure started
+    /// from; so do the other communicators of this rank's domain.
     pub fn abort(&mut self, reason: Error) {
-        match &self.link {
-            Link::Shm { shm, _tcp } => {
-                shm.abort();
-                _tcp.shutdown();
-            }
-            Link::Tcp(mesh) => mesh.shutdown(),
-            Link::Local => {}
-        }
+        let me = self.global(self.rank);
+        let (culprit, cause) = reason
+            .origin(me)
+            .unwrap_or((me, crate::error::Cause::Failed));
+        self.wire.trip(reason.clone(), culprit, cause);
+        fault::trip_domain(self.cfg.domain, &reason, culprit, cause);
         if self.failure.is_none() {
             self.failure = Some(reason);
         }
+    }
+
+    /// The communicator's failure flag, to abort it from another thread.
+    pub fn tripwire(&self) -> Arc<Tripwire> {
+        self.wire.clone()
     }
 }
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        self.wire.close(self.global(self.rank));
         if let Link::Tcp(mesh) | Link::Shm { _tcp: mesh, .. } = &self.link {
             mesh.shutdown();
         }

@@ -8,6 +8,7 @@
 pub mod collective;
 pub mod dtype;
 pub mod error;
+pub mod fault;
 pub mod group;
 pub mod progress;
 pub mod reduce;
@@ -18,7 +19,7 @@ pub mod testing;
 pub mod transport;
 
 pub use dtype::{DType, ReduceOp, ALL_DTYPES, ALL_OPS};
-pub use error::{Error, Result};
+pub use error::{Cause, Error, Result};
 pub use group::{Communicator, Config};
 
 /// Version of the engine.

@@ -241,3 +241,84 @@ pub fn advise_huge_pages(buf: &mut [u8]) {
         unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE) };
     }
 }
+
+/// Sends what the socket `fd` takes now without blocking (and without
+/// SIGPIPE); returns the bytes sent.
+pub fn send_now(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid readable slice for the call; the kernel
+    // validates `fd`.
+    let n = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr() as *const libc::c_void,
+            buf.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Receives what is queued on the socket `fd` without blocking; `Ok(0)` at
+/// the end of the stream.
+pub fn recv_now(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable slice for the call; the kernel
+    // validates `fd`.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Half-closes the socket `fd` for writing: the peer reads the end of the
+/// stream after the bytes already queued.
+pub fn shutdown_write(fd: RawFd) {
+    // SAFETY: plain syscall; an invalid fd only returns an error.
+    unsafe { libc::shutdown(fd, libc::SHUT_WR) };
+}
+
+/// Makes unacknowledged data on the TCP socket `fd` fail the connection
+/// (ETIMEDOUT) after `t` instead of the kernel's ~15 minutes of retries.
+pub fn set_tcp_user_timeout(fd: RawFd, t: Duration) {
+    let ms = t.as_millis().clamp(1, u32::MAX as u128) as libc::c_uint;
+    // SAFETY: a valid pointer to a c_uint of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            &ms as *const libc::c_uint as *const libc::c_void,
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+}
+
+/// True when the TCP socket `fd` has sent data that the peer's host has not
+/// acknowledged despite retransmissions: the network to it is down.
+pub fn tcp_retransmitting(fd: RawFd) -> bool {
+    // SAFETY: tcp_info is plain old data; all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` are valid for writing and `len` holds the
+    // buffer's size.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut info as *mut libc::tcp_info as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    rc == 0 && info.tcpi_unacked > 0 && (info.tcpi_retransmits > 0 || info.tcpi_backoff > 0)
+}

@@ -10,10 +10,36 @@ mod rpc;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use ringlet_core as core;
+use std::cell::RefCell;
 use std::net::TcpListener;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+use std::thread::ThreadId;
 use std::time::Duration;
+
+static MAIN_THREAD: OnceLock<ThreadId> = OnceLock::new();
+
+thread_local! {
+    /// The exception a signal handler raised while this thread was blocked
+    /// in the engine (re-raised by `run` instead of the engine's error).
+    static PENDING: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// The engine's interrupt hook: on the main thread, runs pending Python
+/// signal handlers (a handler may call `ringlet.abort()`); true when one
+/// raised (Ctrl-C), which stops the blocked collective.
+fn run_signal_handlers() -> bool {
+    if MAIN_THREAD.get() != Some(&std::thread::current().id()) {
+        return false;
+    }
+    Python::with_gil(|py| match py.check_signals() {
+        Ok(()) => false,
+        Err(e) => {
+            PENDING.with(|p| *p.borrow_mut() = Some(e));
+            true
+        }
+    })
+}
 
 /// Runs `f` without the GIL, converting panics and engine errors to Python
 /// exceptions. Every call into the engine goes through here.
@@ -23,7 +49,10 @@ pub(crate) fn run<T: Send>(
 ) -> PyResult<T> {
     match py.allow_threads(|| catch_unwind(AssertUnwindSafe(f))) {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(errors::to_pyerr(e)),
+        Ok(Err(e)) => match PENDING.with(|p| p.borrow_mut().take()) {
+            Some(raised) => Err(raised),
+            None => Err(errors::to_pyerr(e)),
+        },
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()
@@ -150,10 +179,12 @@ impl Communicator {
             let mut guard = self.inner.lock().map_err(|_| core::Error::Aborted {
                 rank,
                 reason: "an earlier call panicked".into(),
+                origin: None,
             })?;
             let comm = guard.as_mut().ok_or_else(|| core::Error::Aborted {
                 rank,
                 reason: "the communicator was shut down".into(),
+                origin: None,
             })?;
             f(comm).map_err(|e| match e {
                 core::Error::InvalidArgument(m) if !m.starts_with("rank ") => {
@@ -175,15 +206,19 @@ fn op(name: &str) -> PyResult<core::ReduceOp> {
 
 #[pymethods]
 impl Communicator {
-    /// A world of one rank (no network).
+    /// A world of one rank (no network), failing with `domain`.
     #[staticmethod]
-    fn single() -> Self {
-        Communicator::wrap(core::Communicator::single(core::Config::default()))
+    #[pyo3(signature = (domain=0))]
+    fn single(domain: u64) -> Self {
+        Communicator::wrap(core::Communicator::single(core::Config {
+            domain,
+            ..core::Config::default()
+        }))
     }
 
     /// Connects to every rank in the peer table (blocks without the GIL).
     #[staticmethod]
-    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=8<<20, cma=true, cma_threshold=128<<10, small_bytes=64<<10, spins=2000))]
+    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=8<<20, cma=true, cma_threshold=128<<10, small_bytes=64<<10, spins=2000, members=Vec::new(), name=String::new(), domain=0))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -199,6 +234,9 @@ impl Communicator {
         cma_threshold: usize,
         small_bytes: usize,
         spins: u32,
+        members: Vec<usize>,
+        name: String,
+        domain: u64,
     ) -> PyResult<Self> {
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
@@ -213,6 +251,9 @@ impl Communicator {
             cma_threshold,
             small_bytes,
             spins,
+            members,
+            name,
+            domain,
         };
         let l = &listener.inner;
         let c = run(py, || {
@@ -384,6 +425,14 @@ impl Communicator {
     }
 }
 
+/// Aborts every communicator of `domain` (`ringlet.abort()`): a thread
+/// blocked in one raises within milliseconds; peers learn that global rank
+/// `rank` aborted. Takes no lock a blocked collective holds.
+#[pyfunction]
+fn abort_domain(py: Python<'_>, domain: u64, rank: usize) {
+    py.allow_threads(|| core::fault::abort_domain(domain, rank));
+}
+
 /// Identity of this machine (hostname and boot id).
 #[pyfunction]
 fn host_identity() -> String {
@@ -393,6 +442,10 @@ fn host_identity() -> String {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", core::version())?;
+    // Python runs signal handlers on the thread that imported it first (the
+    // main thread), which is where ringlet is imported in practice.
+    let _ = MAIN_THREAD.set(std::thread::current().id());
+    core::fault::set_interrupt_hook(run_signal_handlers);
     m.add_class::<Listener>()?;
     m.add_class::<Communicator>()?;
     m.add_class::<registry::TensorModule>()?;
@@ -404,5 +457,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name, code)?;
     }
     m.add_function(wrap_pyfunction!(host_identity, m)?)?;
+    m.add_function(wrap_pyfunction!(abort_domain, m)?)?;
     Ok(())
 }

@@ -287,10 +287,12 @@ impl TensorModule {
             let mut g = comm.inner.lock().map_err(|_| core::Error::Aborted {
                 rank,
                 reason: "an earlier call panicked".into(),
+                origin: None,
             })?;
             g.take().ok_or_else(|| core::Error::Aborted {
                 rank,
                 reason: "the communicator was shut down".into(),
+                origin: None,
             })
         })?;
         self.call(py, move |m| {

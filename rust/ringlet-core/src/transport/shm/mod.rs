@@ -22,7 +22,8 @@
 mod segment;
 
 use crate::dtype::{DType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
+use crate::fault::Tripwire;
 use crate::reduce;
 use crate::sys;
 use crate::transport::tcp::{TcpMesh, Xfer};
@@ -30,16 +31,48 @@ use crate::transport::{check_agreement, OpDesc, WaitPolicy, DESC_WORDS};
 use segment::Segment;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 const PROBE_MAGIC: u64 = 0x7072_6f62_6521_2121;
 const STATE_ABORTED: u32 = 1;
+const STATE_LEFT: u32 = 2;
+
+/// Writes this rank's abort notice or departure into its control block (held
+/// by the communicator's tripwire, usable from any thread).
+pub struct Notifier {
+    seg: Arc<Segment>,
+    rank: usize,
+}
+
+impl Notifier {
+    /// Publishes that the failure started at global rank `culprit` with
+    /// `cause`, then marks this rank as given up and wakes parked peers.
+    pub(crate) fn publish(&self, culprit: usize, cause: Cause) {
+        let c = self.seg.ctl(self.rank);
+        c.notice_culprit.store(culprit as u64, Ordering::SeqCst);
+        c.notice_cause.store(cause.code(), Ordering::SeqCst);
+        c.state.store(STATE_ABORTED, Ordering::SeqCst);
+        sys::futex_wake_all(&c.counter);
+    }
+
+    /// Marks this rank as having shut the communicator down.
+    pub(crate) fn leave(&self, _me: usize) {
+        let c = self.seg.ctl(self.rank);
+        let _ = c
+            .state
+            .compare_exchange(0, STATE_LEFT, Ordering::SeqCst, Ordering::SeqCst);
+        sys::futex_wake_all(&c.counter);
+    }
+}
 
 /// The shared-memory group of one communicator (all its ranks on one host).
 pub struct ShmGroup {
     rank: usize,
     size: usize,
-    seg: Segment,
+    seg: Arc<Segment>,
+    /// The communicator's failure flag (checked while waiting).
+    wire: Arc<Tripwire>,
     /// Streams to each peer, only used to notice that a peer's process died.
     liveness: Vec<Option<RawFd>>,
     pids: Vec<u32>,
@@ -127,10 +160,17 @@ impl ShmGroup {
         }
         let cma = agree_all(rank, size, mesh, cma_ok, op, t)?;
         let counter = seg.ctl(rank).counter.load(Ordering::SeqCst);
+        let seg = Arc::new(seg);
+        let wire = mesh.wire().clone();
+        wire.set_shm(Notifier {
+            seg: seg.clone(),
+            rank,
+        });
         Ok(Some(ShmGroup {
             rank,
             size,
             seg,
+            wire,
             liveness: (0..size)
                 .map(|p| if p == rank { None } else { mesh.fd(p) })
                 .collect(),
@@ -220,32 +260,110 @@ impl ShmGroup {
             if reached(c.counter.load(Ordering::Acquire)) {
                 return Ok(());
             }
-            if c.state.load(Ordering::Acquire) == STATE_ABORTED {
-                return Err(Error::PeerLost {
-                    rank: self.rank,
-                    peer,
-                    op,
-                    detail: "the peer gave up on the communicator after an error".into(),
-                });
+            crate::fault::check_interrupt(self.rank)?;
+            if self.wire.tripped() {
+                return Err(self.wire.fault());
             }
-            if self.liveness[peer].is_some_and(sys::stream_closed) {
-                return Err(Error::PeerLost {
-                    rank: self.rank,
-                    peer,
-                    op,
-                    detail: "its process exited or was killed".into(),
-                });
+            if let Some(e) = self.peer_gone(peer, op) {
+                return Err(e);
             }
             let waited = start.elapsed();
             if waited >= self.policy.timeout {
-                return Err(Error::Timeout {
-                    rank: self.rank,
-                    peer,
-                    op,
-                    waited,
-                });
+                return Err(self.settle(peer, op, waited));
             }
         }
+    }
+
+    /// Why `peer` will not take part any more, if it will not: it gave up
+    /// (its notice names the culprit), shut down, or its process is gone.
+    fn peer_gone(&self, peer: usize, op: &'static str) -> Option<Error> {
+        let c = self.seg.ctl(peer);
+        let state = c.state.load(Ordering::Acquire);
+        if state == STATE_ABORTED {
+            return Some(self.notice_of(peer, op));
+        }
+        if state == STATE_LEFT {
+            return Some(Error::lost(self.rank, peer, op, Cause::Left, ""));
+        }
+        if self.liveness[peer].is_some_and(sys::stream_closed) {
+            // A rank publishes its notice before it closes its streams.
+            if c.state.load(Ordering::Acquire) == STATE_ABORTED {
+                return Some(self.notice_of(peer, op));
+            }
+            return Some(Error::lost(self.rank, peer, op, Cause::Exited, ""));
+        }
+        None
+    }
+
+    /// The error that `peer`'s abort notice describes.
+    fn notice_of(&self, peer: usize, op: &'static str) -> Error {
+        let c = self.seg.ctl(peer);
+        let culprit = c.notice_culprit.load(Ordering::SeqCst) as usize;
+        let cause =
+            Cause::from_code(c.notice_cause.load(Ordering::SeqCst)).unwrap_or(Cause::Failed);
+        Error::from_notice(self.rank, peer, op, culprit, cause)
+    }
+
+    /// Decides whom to blame after `late` did not arrive in time: a peer
+    /// that gives up meanwhile (the rank `late` itself waits for may time out
+    /// a moment later and publish the real culprit) or is gone, else `late`.
+    fn settle(&self, late: usize, op: &'static str, waited: Duration) -> Error {
+        let deadline = Instant::now() + (self.policy.timeout / 2).min(Duration::from_secs(2));
+        loop {
+            if self.wire.tripped() {
+                return self.wire.fault();
+            }
+            if let Some(e) = (0..self.size)
+                .filter(|&p| p != self.rank)
+                .find_map(|p| self.peer_gone(p, op))
+            {
+                return e;
+            }
+            if Instant::now() >= deadline {
+                return Error::timeout(self.rank, late, op, waited);
+            }
+            let _ = sys::poll(&mut [], Duration::from_millis(5));
+        }
+    }
+
+    /// Explains a failed cross-memory transfer with `peer`: it gave up (and
+    /// freed the buffer), or it died (its memory went first, its streams a
+    /// moment later). Waits briefly for the evidence.
+    fn cma_error(&self, peer: usize, op: &'static str, what: &str, e: std::io::Error) -> Error {
+        let patience = self.policy.timeout.min(Duration::from_secs(2));
+        let deadline = Instant::now() + patience;
+        loop {
+            if self.wire.tripped() {
+                return self.wire.fault();
+            }
+            if let Some(e) = self.peer_gone(peer, op) {
+                return e;
+            }
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                return Error::lost(self.rank, peer, op, Cause::Exited, "");
+            }
+            if Instant::now() >= deadline {
+                return Error::lost(
+                    self.rank,
+                    peer,
+                    op,
+                    Cause::Failed,
+                    format!("cross-memory {what} failed: {e}"),
+                );
+            }
+            let _ = sys::poll(&mut [], Duration::from_millis(2));
+        }
+    }
+
+    /// After an operation: fails if a peer gave up meanwhile, so that a rank
+    /// resumed after being stopped never returns data its peers abandoned.
+    pub fn check_peers(&self, op: &'static str) -> Result<()> {
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            if self.seg.ctl(peer).state.load(Ordering::Acquire) == STATE_ABORTED {
+                return Err(self.notice_of(peer, op));
+            }
+        }
+        Ok(())
     }
 
     /// First phase of every operation: publish our descriptor, move to the
@@ -334,32 +452,15 @@ impl ShmGroup {
         dst: &mut [u8],
         op: &'static str,
     ) -> Result<()> {
-        sys::read_peer_memory(self.pids[peer], addr, dst).map_err(|e| Error::PeerLost {
-            rank: self.rank,
-            peer,
-            op,
-            detail: format!("cross-memory read failed: {e}"),
-        })
+        sys::read_peer_memory(self.pids[peer], addr, dst)
+            .map_err(|e| self.cma_error(peer, op, "read", e))
     }
 
     /// Copies `src` to address `addr` in `peer`'s process (cross-memory
     /// attach).
     pub fn write_peer(&self, peer: usize, addr: u64, src: &[u8], op: &'static str) -> Result<()> {
-        sys::write_peer_memory(self.pids[peer], addr, src).map_err(|e| Error::PeerLost {
-            rank: self.rank,
-            peer,
-            op,
-            detail: format!("cross-memory write failed: {e}"),
-        })
-    }
-
-    /// Marks this rank as having given up, so peers waiting on it fail fast.
-    pub fn abort(&self) {
-        self.seg
-            .ctl(self.rank)
-            .state
-            .store(STATE_ABORTED, Ordering::SeqCst);
-        sys::futex_wake_all(&self.seg.ctl(self.rank).counter);
+        sys::write_peer_memory(self.pids[peer], addr, src)
+            .map_err(|e| self.cma_error(peer, op, "write", e))
     }
 }
 

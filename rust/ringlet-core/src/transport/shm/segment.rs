@@ -3,7 +3,8 @@
 //! ```text
 //! [0, 4096)                 header: magic, rank count, slot size
 //! [4096, 4096 + p*256)      one control block per rank (counter, sleepers, pid,
-//!                           state, probe address, operation descriptor)
+//!                           state, probe address, abort notice, operation
+//!                           descriptor)
 //! [slots, slots + p*slot)   one data slot per rank, split in two halves that
 //!                           alternate between pipeline pieces
 //! ```
@@ -31,11 +32,16 @@ pub struct RankCtl {
     pub sleepers: AtomicU32,
     /// Process id, for cross-memory attach.
     pub pid: AtomicU32,
-    /// 0 while healthy; 1 once this rank gave up on the communicator.
+    /// 0 while healthy; 1 once this rank gave up on the communicator (its
+    /// notice is then set); 2 once it shut the communicator down.
     pub state: AtomicU32,
     /// Address of a known word in this process (cross-memory-attach probe).
     pub probe_addr: AtomicU64,
-    _pad0: [u64; 5],
+    /// Abort notice: global rank the failure started from, and its cause
+    /// code (written before `state`).
+    pub notice_culprit: AtomicU64,
+    pub notice_cause: AtomicU64,
+    _pad0: [u64; 3],
     /// The operation descriptors this rank published, indexed by sequence
     /// parity: a rank can run at most one operation ahead of its slowest peer,
     /// so two buffers keep the one a peer may still be reading intact.

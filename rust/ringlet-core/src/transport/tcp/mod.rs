@@ -4,16 +4,97 @@
 //! while receiving from previous") and an all-to-all exchange are the same call
 //! and neither can deadlock on full socket buffers.
 
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
+use crate::fault::{decode_notice, Tripwire, NOTICE_BYTES};
 use crate::sys;
 use crate::transport::{check_agreement, OpDesc, DESC_WORDS};
+use std::cell::Cell;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: u64 = 0x5249_4e47_4c45_5401; // "RINGLET\x01"
-const POLL_SLICE: Duration = Duration::from_millis(100);
+/// Longest a blocked transfer sleeps before checking the tripwire again.
+const POLL_SLICE: Duration = Duration::from_millis(20);
+const HANGUP: libc::c_short = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+
+/// Longest an incoming connection may take to send its hello.
+const HELLO_PATIENCE: Duration = Duration::from_secs(2);
+/// Most connections whose hello is awaited at once (the oldest is dropped).
+const MAX_PENDING_HELLOS: usize = 64;
+const HELLO_BYTES: usize = 24;
+
+/// An accepted connection whose hello (magic, job token, rank) is being read.
+struct Hello {
+    stream: TcpStream,
+    buf: [u8; HELLO_BYTES],
+    got: usize,
+    since: Instant,
+}
+
+enum HelloState {
+    Waiting,
+    Rejected,
+    Peer(usize),
+}
+
+impl Hello {
+    fn new(stream: TcpStream) -> Self {
+        Hello {
+            stream,
+            buf: [0; HELLO_BYTES],
+            got: 0,
+            since: Instant::now(),
+        }
+    }
+
+    /// Reads what arrived; decides once the hello is complete. Anything but
+    /// the exact hello of a higher rank not yet connected is rejected (the
+    /// connection is then closed): garbage, a short hello followed by the
+    /// end of the stream, silence past `HELLO_PATIENCE`, a wrong token, an
+    /// impossible or duplicate rank. (What follows a good hello is the
+    /// peer's first message: the job token is what authenticates a peer.)
+    fn progress(
+        &mut self,
+        token: u64,
+        rank: usize,
+        size: usize,
+        streams: &[Option<TcpStream>],
+    ) -> HelloState {
+        while self.got < HELLO_BYTES {
+            match (&self.stream).read(&mut self.buf[self.got..]) {
+                Ok(0) => return HelloState::Rejected,
+                Ok(n) => self.got += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    return if self.since.elapsed() > HELLO_PATIENCE {
+                        HelloState::Rejected
+                    } else {
+                        HelloState::Waiting
+                    };
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return HelloState::Rejected,
+            }
+        }
+        let word =
+            |i: usize| u64::from_le_bytes(self.buf[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let (magic, tok) = (word(0), word(1));
+        let Ok(peer) = usize::try_from(word(2)) else {
+            return HelloState::Rejected;
+        };
+        if magic != HELLO_MAGIC
+            || tok != token
+            || peer <= rank
+            || peer >= size
+            || streams[peer].is_some()
+        {
+            return HelloState::Rejected;
+        }
+        HelloState::Peer(peer)
+    }
+}
 
 /// One pending data movement with a peer.
 pub enum Xfer<'a> {
@@ -66,6 +147,10 @@ impl<'a> Xfer<'a> {
 pub struct TcpMesh {
     rank: usize,
     streams: Vec<Option<TcpStream>>,
+    /// The last bytes received from each peer: when a stream ends, they hold
+    /// the peer's abort notice if it sent one.
+    tails: Vec<Cell<[u8; NOTICE_BYTES]>>,
+    wire: Arc<Tripwire>,
 }
 
 /// Binds a listening socket on `addr` (port 0 picks a free port).
@@ -107,54 +192,61 @@ impl TcpMesh {
                 .map_err(|e| peer_lost(rank, peer, "connect", e))?;
             streams[peer] = Some(s);
         }
+        // Accept the higher ranks. Hellos are read from every connection at
+        // once, without blocking: a stray or hostile connection (silent,
+        // truncated, garbage, wrong token, impossible rank) is dropped after
+        // at most HELLO_PATIENCE and never delays the real peers.
         let mut missing = size - rank - 1;
+        let mut pending: Vec<Hello> = Vec::new();
         while missing > 0 {
-            let (s, _) = match listener.accept() {
-                Ok(pair) => pair,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        let peer = (rank + 1..size)
-                            .find(|p| streams[*p].is_none())
-                            .unwrap_or(rank);
-                        return Err(Error::Timeout {
-                            rank,
-                            peer,
-                            op: "init (connect)",
-                            waited: timeout,
-                        });
+            loop {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        if s.set_nonblocking(true).is_ok() {
+                            if pending.len() >= MAX_PENDING_HELLOS {
+                                pending.remove(0);
+                            }
+                            pending.push(Hello::new(s));
+                        }
                     }
-                    let mut p = [libc::pollfd {
-                        fd: listener.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    }];
-                    sys::poll(&mut p, (deadline - now).min(POLL_SLICE))?;
-                    continue;
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
+                    Err(e) => return Err(Error::io("accept", e)),
                 }
-                Err(e) => return Err(Error::io("accept", e)),
-            };
-            s.set_nonblocking(false)
-                .map_err(|e| Error::io("set_nonblocking", e))?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(|e| Error::io("set_read_timeout", e))?;
-            let mut hello = [0u8; 24];
-            if (&s).read_exact(&mut hello).is_err() {
-                continue; // not one of ours
             }
-            let word =
-                |i: usize| u64::from_le_bytes(hello[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-            let (magic, tok, peer) = (word(0), word(1), word(2) as usize);
-            if magic != HELLO_MAGIC
-                || tok != token
-                || peer <= rank
-                || peer >= size
-                || streams[peer].is_some()
-            {
-                continue;
+            let mut i = 0;
+            while i < pending.len() {
+                match pending[i].progress(token, rank, size, &streams) {
+                    HelloState::Waiting => i += 1,
+                    HelloState::Rejected => {
+                        pending.swap_remove(i);
+                    }
+                    HelloState::Peer(peer) => {
+                        streams[peer] = Some(pending.swap_remove(i).stream);
+                        missing -= 1;
+                    }
+                }
             }
-            streams[peer] = Some(s);
-            missing -= 1;
+            if missing == 0 {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let peer = (rank + 1..size)
+                    .find(|p| streams[*p].is_none())
+                    .unwrap_or(rank);
+                return Err(Error::timeout(rank, peer, "init (connect)", timeout));
+            }
+            let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
+                .chain(pending.iter().map(|h| h.stream.as_raw_fd()))
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            sys::poll(&mut fds, (deadline - now).min(POLL_SLICE))?;
         }
         for s in streams.iter().flatten() {
             s.set_nodelay(true)
@@ -163,8 +255,21 @@ impl TcpMesh {
                 .map_err(|e| Error::io("set_read_timeout", e))?;
             s.set_nonblocking(true)
                 .map_err(|e| Error::io("set_nonblocking", e))?;
+            sys::set_tcp_user_timeout(s.as_raw_fd(), timeout);
         }
-        Ok(TcpMesh { rank, streams })
+        let wire = Tripwire::new();
+        wire.add_streams(streams.iter().flatten().map(|s| s.as_raw_fd()));
+        Ok(TcpMesh {
+            rank,
+            tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
+            streams,
+            wire,
+        })
+    }
+
+    /// The failure flag of the communicator this mesh belongs to.
+    pub fn wire(&self) -> &Arc<Tripwire> {
+        &self.wire
     }
 
     /// Raw fd of the stream to `peer` (for liveness checks).
@@ -204,6 +309,9 @@ impl TcpMesh {
     ) -> Result<()> {
         let mut last_progress = Instant::now();
         loop {
+            if self.wire.tripped() {
+                return Err(self.wire.fault());
+            }
             let mut progressed = false;
             for x in xfers.iter_mut() {
                 progressed |= self.progress(x, op)?;
@@ -222,51 +330,228 @@ impl TcpMesh {
                     .iter()
                     .find(|x| !x.finished())
                     .map_or(self.rank, Xfer::peer);
-                return Err(Error::Timeout {
-                    rank: self.rank,
-                    peer,
-                    op,
-                    waited: timeout,
-                });
+                return Err(self.settle(peer, op, timeout));
             }
             if !progressed {
-                let mut fds: Vec<libc::pollfd> = Vec::with_capacity(xfers.len());
-                for x in xfers.iter().filter(|x| !x.finished()) {
+                let pending: Vec<&Xfer> = xfers.iter().filter(|x| !x.finished()).collect();
+                let mut fds: Vec<libc::pollfd> = Vec::with_capacity(pending.len());
+                for x in &pending {
                     let events = match x {
                         Xfer::Send { .. } => libc::POLLOUT,
                         Xfer::Recv { .. } => libc::POLLIN,
                     };
                     fds.push(libc::pollfd {
                         fd: self.stream(x.peer())?.as_raw_fd(),
-                        events,
+                        events: events | libc::POLLRDHUP,
                         revents: 0,
                     });
                 }
                 let left = timeout.saturating_sub(now.duration_since(last_progress));
                 sys::poll(&mut fds, left.min(POLL_SLICE))?;
+                if fds.iter().all(|p| p.revents == 0) {
+                    crate::fault::check_interrupt(self.rank)?;
+                }
+                // A peer we only send to hung up: it gave up or died. (A
+                // pending receive finds out by reading to the end.)
+                for (x, p) in pending.iter().zip(&fds) {
+                    let peer = x.peer();
+                    let receiving = pending
+                        .iter()
+                        .any(|y| matches!(y, Xfer::Recv { .. }) && y.peer() == peer);
+                    if p.revents & HANGUP != 0 && !receiving {
+                        return Err(self.drain_error(peer, op));
+                    }
+                }
             }
         }
     }
 
+    /// Remembers the last bytes received from `peer`.
+    fn note_tail(&self, peer: usize, got: &[u8]) {
+        let mut t = self.tails[peer].get();
+        if got.len() >= NOTICE_BYTES {
+            t.copy_from_slice(&got[got.len() - NOTICE_BYTES..]);
+        } else {
+            t.copy_within(got.len().., 0);
+            t[NOTICE_BYTES - got.len()..].copy_from_slice(got);
+        }
+        self.tails[peer].set(t);
+    }
+
+    /// The error for `peer`'s stream having ended: its notice names the
+    /// culprit; without one, its process is gone.
+    fn closed_error(&self, peer: usize, op: &'static str) -> Error {
+        match decode_notice(&self.tails[peer].get()) {
+            Some((culprit, cause)) => Error::from_notice(self.rank, peer, op, culprit, cause),
+            None => Error::lost(
+                self.rank,
+                peer,
+                op,
+                Cause::Exited,
+                "its connection closed without notice",
+            ),
+        }
+    }
+
+    /// Reads what is left of `peer`'s stream (we are failing anyway) up to
+    /// its end, then explains the end.
+    fn drain_error(&self, peer: usize, op: &'static str) -> Error {
+        let Some(fd) = self.fd(peer) else {
+            return Error::lost(self.rank, peer, op, Cause::Exited, "");
+        };
+        let mut scratch = vec![0u8; 64 << 10];
+        let deadline = Instant::now() + Duration::from_millis(500);
+        loop {
+            match sys::recv_now(fd, &mut scratch) {
+                Ok(0) => return self.closed_error(peer, op),
+                Ok(n) => self.note_tail(peer, &scratch[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if Instant::now() >= deadline {
+                        return self.closed_error(peer, op);
+                    }
+                    let mut p = [libc::pollfd {
+                        fd,
+                        events: libc::POLLIN | libc::POLLRDHUP,
+                        revents: 0,
+                    }];
+                    let _ = sys::poll(&mut p, Duration::from_millis(5));
+                }
+                Err(e) => return self.io_lost(peer, op, e),
+            }
+        }
+    }
+
+    /// The error for a failed write to `peer`: the network, or the peer
+    /// closed (what it sent last, still queued for us, may explain why).
+    fn send_failed(&self, peer: usize, op: &'static str, e: std::io::Error) -> Error {
+        match self.io_lost(peer, op, e) {
+            e @ Error::PeerLost {
+                cause: Cause::Unreachable,
+                ..
+            } => e,
+            _ => self.drain_error(peer, op),
+        }
+    }
+
+    /// The error for a failed read or write on `peer`'s stream.
+    fn io_lost(&self, peer: usize, op: &'static str, e: std::io::Error) -> Error {
+        let unreachable = matches!(
+            e.raw_os_error(),
+            Some(libc::ETIMEDOUT | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ENETDOWN)
+        );
+        if unreachable {
+            return Error::lost(self.rank, peer, op, Cause::Unreachable, e.to_string());
+        }
+        if decode_notice(&self.tails[peer].get()).is_some() {
+            return self.closed_error(peer, op);
+        }
+        Error::lost(self.rank, peer, op, Cause::Exited, e.to_string())
+    }
+
+    /// Decides whom to blame after `late` moved no byte within the timeout:
+    /// a peer that gives up meanwhile (the rank `late` itself waits for may
+    /// time out a moment later and send the real culprit), else `late`,
+    /// unreachable when data sent to it goes unacknowledged.
+    fn settle(&self, late: usize, op: &'static str, waited: Duration) -> Error {
+        let deadline = Instant::now() + (waited / 2).min(Duration::from_secs(2));
+        let peers: Vec<usize> = (0..self.size()).filter(|&p| p != self.rank).collect();
+        loop {
+            if self.wire.tripped() {
+                return self.wire.fault();
+            }
+            let mut fds: Vec<libc::pollfd> = peers
+                .iter()
+                .filter_map(|&p| self.fd(p))
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLRDHUP,
+                    revents: 0,
+                })
+                .collect();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if sys::poll(&mut fds, left.min(POLL_SLICE)).is_err() {
+                break;
+            }
+            if let Some(i) = fds.iter().position(|p| p.revents & HANGUP != 0) {
+                return self.drain_error(peers[i], op);
+            }
+            if left.is_zero() {
+                break;
+            }
+        }
+        match self.fd(late) {
+            Some(fd) if sys::tcp_retransmitting(fd) => Error::lost(
+                self.rank,
+                late,
+                op,
+                Cause::Unreachable,
+                format!(
+                    "data sent to it was not acknowledged for {:.1} s",
+                    waited.as_secs_f64()
+                ),
+            ),
+            _ => Error::timeout(self.rank, late, op, waited),
+        }
+    }
+
+    /// After an operation: fails if a peer gave up meanwhile, so that a rank
+    /// resumed after being stopped never returns data its peers abandoned. A
+    /// peer that finished and shut down normally (or died after doing its
+    /// part) is no failure of this operation.
+    pub fn check_peers(&self, op: &'static str) -> Result<()> {
+        let peers: Vec<usize> = (0..self.size()).filter(|&p| p != self.rank).collect();
+        let mut fds: Vec<libc::pollfd> = peers
+            .iter()
+            .filter_map(|&p| self.fd(p))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLRDHUP,
+                revents: 0,
+            })
+            .collect();
+        sys::poll(&mut fds, Duration::ZERO)?;
+        for (i, p) in fds.iter().enumerate() {
+            if p.revents & HANGUP != 0 {
+                match self.drain_error(peers[i], op) {
+                    // Only an abort notice fails a finished operation: a peer
+                    // that left (or whose end came without a notice) did its
+                    // part; the next operation with it will find out.
+                    e @ (Error::Timeout { via: Some(_), .. }
+                    | Error::PeerLost { via: Some(_), .. })
+                        if !matches!(
+                            e,
+                            Error::PeerLost {
+                                cause: Cause::Left,
+                                ..
+                            }
+                        ) =>
+                    {
+                        return Err(e)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Moves as many bytes as the socket takes now; true if any moved.
     fn progress(&self, x: &mut Xfer<'_>, op: &'static str) -> Result<bool> {
-        let rank = self.rank;
         let mut moved = false;
         match x {
             Xfer::Send { peer, buf, done } => {
                 let mut s = self.stream(*peer)?;
                 while *done < buf.len() {
                     match s.write(&buf[*done..]) {
-                        Ok(0) => {
-                            return Err(peer_lost(rank, *peer, op, ErrorKind::WriteZero.into()))
-                        }
+                        Ok(0) => return Err(self.io_lost(*peer, op, ErrorKind::WriteZero.into())),
                         Ok(n) => {
                             *done += n;
                             moved = true;
                         }
                         Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(peer_lost(rank, *peer, op, e)),
+                        Err(e) => return Err(self.send_failed(*peer, op, e)),
                     }
                 }
             }
@@ -274,21 +559,15 @@ impl TcpMesh {
                 let mut s = self.stream(*peer)?;
                 while *done < buf.len() {
                     match s.read(&mut buf[*done..]) {
-                        Ok(0) => {
-                            return Err(Error::PeerLost {
-                                rank,
-                                peer: *peer,
-                                op,
-                                detail: "connection closed by the peer (process exited?)".into(),
-                            })
-                        }
+                        Ok(0) => return Err(self.closed_error(*peer, op)),
                         Ok(n) => {
+                            self.note_tail(*peer, &buf[*done..*done + n]);
                             *done += n;
                             moved = true;
                         }
                         Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(peer_lost(rank, *peer, op, e)),
+                        Err(e) => return Err(self.io_lost(*peer, op, e)),
                     }
                 }
             }
@@ -354,12 +633,7 @@ fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpSt
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout {
-                rank,
-                peer,
-                op: "init (connect)",
-                waited: Duration::ZERO,
-            });
+            return Err(Error::timeout(rank, peer, "init (connect)", Duration::ZERO));
         }
         match TcpStream::connect_timeout(&sa, left.min(Duration::from_secs(5))) {
             Ok(s) => return Ok(s),
@@ -378,10 +652,5 @@ fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpSt
 }
 
 fn peer_lost(rank: usize, peer: usize, op: &'static str, e: std::io::Error) -> Error {
-    Error::PeerLost {
-        rank,
-        peer,
-        op,
-        detail: e.to_string(),
-    }
+    Error::lost(rank, peer, op, Cause::Exited, e.to_string())
 }
