@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 import ringlet
-import ringlet.collectives as rc
+import ringlet._engine as engine
 
 out = Path(os.environ["RINGLET_TEST_OUT"])
 used_two_level: list[str] = []
-_two_level = rc._two_level
+_two_level = engine._two_level
 
 
 def _spy(comm: object, nbytes: int) -> object:
@@ -28,7 +28,7 @@ def _spy(comm: object, nbytes: int) -> object:
     return hier
 
 
-rc._two_level = _spy
+engine._two_level = _spy
 
 
 def write(name: str, value: object) -> None:

@@ -420,3 +420,31 @@ def test_group_spanning_simulated_hosts_runs_in_two_levels() -> None:
     out = launch(4, _two_host_job, free_port(), init=False, timeout=180, per_rank_env=hosts)
     for r in range(4):
         assert out[r] == [[[0, 2], [1, 3]], "tcp"]
+
+
+def _abort_job(rank: int, world: int, port: int) -> str:
+    import threading
+
+    _init(rank, world, port)
+    pg = dist.distributed_c10d._get_default_group()
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 0:
+        # Rank 1 never joins this all_reduce: abort() from another thread
+        # makes the blocked call raise at once instead of at the timeout.
+        threading.Timer(0.5, pg.abort).start()
+        with pytest.raises(RuntimeError) as e:
+            dist.all_reduce(t)
+        store.set("aborted", "1")
+        return str(e.value)
+    store.wait(["aborted"])
+    with pytest.raises(RuntimeError) as e:
+        dist.all_reduce(t)
+    return str(e.value)
+
+
+def test_abort_unblocks_and_names_the_aborting_rank() -> None:
+    out = launch(2, _abort_job, free_port(), init=False, timeout=120)
+    assert "abort" in out[0]
+    assert "rank 0" in out[1], out[1]

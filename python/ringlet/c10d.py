@@ -306,6 +306,9 @@ class ProcessGroupRinglet(ProcessGroup):
         # create groups in the same order, so k agrees and a store reused
         # after destroy_process_group() never hands out stale addresses.
         self._key = f"ringlet/{int(store.add(f'ringlet/incarnation/{rank}', 1))}"
+        # The group's communicators (its world, levels and pairs) fail
+        # together: a failure in one aborts the others, naming its origin.
+        self._domain = runtime._new_domain()
         self._comm: Any = None
         self._levels: Optional[Levels] = None
         self._lock = threading.Lock()
@@ -343,6 +346,12 @@ class ProcessGroupRinglet(ProcessGroup):
     def _where(self) -> str:
         return f"rank {self._members[self._rank]}"
 
+    def _title(self) -> str:
+        """How errors name this group."""
+        label = self._desc or self._name
+        return f"process group {label!r} (ranks {self._members})" if label else (
+            f"a process group of ranks {self._members}")
+
     def _addr(self) -> str:
         master = os.environ.get("MASTER_ADDR") or _store_host(self._store) or "127.0.0.1"
         return runtime._local_ip(master)
@@ -359,17 +368,19 @@ class ProcessGroupRinglet(ProcessGroup):
                     )
                 if self._comm is None:
                     if self._size == 1:
-                        self._comm = _core.Communicator.single()
+                        self._comm = _core.Communicator.single(self._domain)
                     else:
                         addr = self._addr()
                         comm, hosts = runtime._connect(
                             self._store, self._key, self._rank, self._size, addr,
-                            self._timeout, members=self._members,
+                            self._timeout, members=self._members, name=self._title(),
+                            domain=self._domain,
                         )
                         # A group spanning hosts: large collectives run in two
                         # levels (shared memory within hosts, TCP across).
                         hier = runtime._hierarchy(
-                            self._store, self._key, self._rank, hosts, addr, self._timeout
+                            self._store, self._key, self._rank, hosts, addr, self._timeout,
+                            self._domain,
                         )
                         if hier is not None:
                             self._levels = Levels(*hier, runtime._layout(hosts), self._rank)
@@ -395,9 +406,12 @@ class ProcessGroupRinglet(ProcessGroup):
     def _pair(self, src: int, dst: int, slot: list[Any]) -> Any:
         if slot[0] is None:
             me = 0 if self._rank == src else 1
+            pair = [self._members[src], self._members[dst]]
             slot[0], _ = runtime._connect(
                 self._store, f"{self._key}/p2p/{src}-{dst}", me, 2, self._addr(),
-                self._timeout, members=[self._members[src], self._members[dst]],
+                self._timeout, members=pair,
+                name=f"messages from rank {pair[0]} to rank {pair[1]} in {self._title()}",
+                domain=self._domain,
             )
         return slot[0]
 
@@ -997,7 +1011,11 @@ class ProcessGroupRinglet(ProcessGroup):
             self._levels.cross.close()
 
     def abort(self) -> None:
-        """Closes the group's connections at once."""
+        """Gives up on the group at once (as ``ncclCommAbort``): a blocked
+        operation raises within milliseconds, the peers learn that this rank
+        aborted, and the connections close."""
+        if not self._closed:
+            _core.abort_domain(self._domain, self._members[self._rank])
         self.shutdown()
 
     def _set_default_timeout(self, timeout: timedelta) -> None:
