@@ -177,7 +177,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=7)
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--batch", type=int, default=1)
     args = p.parse_args()
     dist.init_process_group("ringlet")
     gloo = dist.new_group(backend="gloo")
