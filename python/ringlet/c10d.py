@@ -1063,7 +1063,7 @@ def register() -> None:
     Example:
       >>> import ringlet.c10d
       >>> ringlet.c10d.register()
-      >>> dist.init_process_group("ringlet")      # or "cpu:ringlet,cuda:nccl"
+      >>> dist.init_process_group("ringlet")      # or "cpu:ringlet"
     """
     global _original_monitored_barrier
     if not dist.is_available():
