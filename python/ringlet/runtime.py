@@ -87,7 +87,24 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
 
 
-def _engine_options() -> dict[str, Any]:
+# A waiting rank spins this many times before it yields when every rank of
+# the host has a core of its own; with more ranks than cores on a host a
+# spinning rank takes the core a peer it waits for needs, so it spins briefly.
+_SPINS_DEDICATED = 2000
+_SPINS_SHARED = 100
+
+
+def _cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _engine_options(local_ranks: int = 1) -> dict[str, Any]:
+    """Engine settings from the environment; ``local_ranks`` (the group's
+    ranks on this host) picks the default spin count."""
     mode = os.environ.get("RINGLET_TRANSPORT", "auto").lower()
     if mode not in ("auto", "tcp", "shm"):
         raise ValueError(f"RINGLET_TRANSPORT={mode!r}: expected 'auto', 'shm' or 'tcp'")
@@ -97,7 +114,9 @@ def _engine_options() -> dict[str, Any]:
         "cma": os.environ.get("RINGLET_CMA", "1") not in ("0", "false", "False"),
         "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", 128 << 10),
         "small_bytes": _env_int("RINGLET_SMALL_BYTES", 64 << 10),
-        "spins": _env_int("RINGLET_SPIN", 2000),
+        "spins": _env_int(
+            "RINGLET_SPIN", _SPINS_DEDICATED if local_ranks <= _cores() else _SPINS_SHARED
+        ),
     }
 
 
@@ -188,7 +207,7 @@ def _connect(
         members=list(members) if members is not None else list(range(group_size)),
         name=name or f"a group of {group_size} ranks",
         domain=domain,
-        **_engine_options(),
+        **_engine_options(sum(1 for p in peers if p["host"] == host)),
     )
     return comm, [p["host"] for p in peers]
 
