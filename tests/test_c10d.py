@@ -297,12 +297,13 @@ def test_every_c10d_operation_matches_gloo(world: int) -> None:
     assert out == {r: "ok" for r in range(world)}
 
 
-def _lifecycle_job(rank: int, world: int, port: int, path: str) -> list:
+def _lifecycle_job(rank: int, world: int, ports: list[int], path: str) -> list:
     import ringlet
 
+    port = ports[0]
     seen = []
     # init_process_group("ringlet") and ringlet.init() side by side.
-    ringlet.init(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port + 1)
+    ringlet.init(rank=rank, world_size=world, master_addr="127.0.0.1", master_port=ports[1])
     _init(rank, world, port)
     t = torch.ones(2)
     dist.all_reduce(t)
@@ -324,7 +325,7 @@ def _lifecycle_job(rank: int, world: int, port: int, path: str) -> list:
     dist.all_reduce(t)
     seen.append(t.tolist())
     dist.destroy_process_group()
-    store = dist.TCPStore("127.0.0.1", port + 2, world, rank == 0, timedelta(seconds=30))
+    store = dist.TCPStore("127.0.0.1", ports[2], world, rank == 0, timedelta(seconds=30))
     dist.init_process_group("ringlet", store=store, rank=rank, world_size=world)
     t = torch.ones(2) * 7
     dist.all_reduce(t)
@@ -337,8 +338,8 @@ def _lifecycle_job(rank: int, world: int, port: int, path: str) -> list:
 
 
 def test_init_destroy_init_beside_ringlet_init(tmp_path) -> None:
-    port = free_port()
-    out = launch(2, _lifecycle_job, port, str(tmp_path / "store"), init=False, timeout=120)
+    ports = [free_port() for _ in range(3)]  # each its own: a neighbour port may be taken
+    out = launch(2, _lifecycle_job, ports, str(tmp_path / "store"), init=False, timeout=120)
     for r in range(2):
         assert out[r] == [[2.0, 2.0], [2.0, 2.0], [6.0, 6.0], [10.0, 10.0], [14.0, 14.0], []]
 

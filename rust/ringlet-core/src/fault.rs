@@ -109,13 +109,26 @@ impl Tripwire {
     /// Records `fault` and tells every peer that the failure started at
     /// global rank `culprit` with `cause`. Only the first trip counts.
     pub fn trip(&self, fault: Error, culprit: usize, cause: Cause) {
+        if self.arm(fault) {
+            self.announce(culprit, cause);
+        }
+    }
+
+    /// Records `fault` (the first one counts) and marks the wire tripped,
+    /// telling no one yet; true when this was the first trip.
+    fn arm(&self, fault: Error) -> bool {
         if let Ok(mut f) = self.fault.lock() {
             if f.is_some() {
-                return;
+                return false;
             }
             *f = Some(fault);
         }
         self.tripped.store(true, Ordering::Release);
+        true
+    }
+
+    /// Tells every peer that the failure started at global rank `culprit`.
+    fn announce(&self, culprit: usize, cause: Cause) {
         let Ok(t) = self.targets.lock() else { return };
         if t.closed {
             return;
@@ -207,8 +220,12 @@ pub fn trip_domain(domain: u64, fault: &Error, culprit: usize, cause: Cause) {
             .collect(),
         Err(_) => return,
     };
-    for w in wires {
-        w.trip(fault.clone(), culprit, cause);
+    // Every wire of the domain is tripped before any peer hears of it: a
+    // peer's reaction must never reach one of this rank's waits first (it
+    // would report the peer instead of this rank's own failure).
+    let armed: Vec<&Arc<Tripwire>> = wires.iter().filter(|w| w.arm(fault.clone())).collect();
+    for w in armed {
+        w.announce(culprit, cause);
     }
 }
 

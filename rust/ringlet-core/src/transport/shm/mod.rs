@@ -265,7 +265,13 @@ impl ShmGroup {
                 return Err(self.wire.fault());
             }
             if let Some(e) = self.peer_gone(peer, op) {
-                return Err(e);
+                // This rank's own failure (armed before any peer heard of
+                // it) comes first, even when a peer's reaction is seen first.
+                return Err(if self.wire.tripped() {
+                    self.wire.fault()
+                } else {
+                    e
+                });
             }
             let waited = start.elapsed();
             if waited >= self.policy.timeout {

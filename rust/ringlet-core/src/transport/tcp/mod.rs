@@ -381,6 +381,11 @@ impl TcpMesh {
     /// The error for `peer`'s stream having ended: its notice names the
     /// culprit; without one, its process is gone.
     fn closed_error(&self, peer: usize, op: &'static str) -> Error {
+        if self.wire.tripped() {
+            // This rank's own failure comes first: the peer may only be
+            // reacting to it.
+            return self.wire.fault();
+        }
         match decode_notice(&self.tails[peer].get()) {
             Some((culprit, cause)) => Error::from_notice(self.rank, peer, op, culprit, cause),
             None => Error::lost(
