@@ -263,6 +263,14 @@ def _store_host(store: Any) -> Optional[str]:
     return None
 
 
+def _split_into(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
+    """Copies consecutive pieces of flat ``flat`` into ``outs``, in order."""
+    start = 0
+    for o in outs:
+        o.copy_(flat[start:start + o.numel()].view(o.shape))
+        start += o.numel()
+
+
 def _reduce_name(op: Any, what: str) -> str:
     kind = getattr(op, "op", op)
     name = _OPS.get(kind)
@@ -346,6 +354,11 @@ class ProcessGroupRinglet(ProcessGroup):
     def _where(self) -> str:
         return f"rank {self._members[self._rank]}"
 
+    def _destroyed(self) -> errors.CommunicatorAbortedError:
+        return errors.CommunicatorAbortedError(
+            f"{self._where()}: the process group was destroyed"
+        )
+
     def _title(self) -> str:
         """How errors name this group."""
         label = self._desc or self._name
@@ -363,9 +376,7 @@ class ProcessGroupRinglet(ProcessGroup):
         if comm is None:
             with self._lock:
                 if self._closed:
-                    raise errors.CommunicatorAbortedError(
-                        f"{self._where()}: the process group was destroyed"
-                    )
+                    raise self._destroyed()
                 if self._comm is None:
                     if self._size == 1:
                         self._comm = _core.Communicator.single(self._domain)
@@ -396,9 +407,7 @@ class ProcessGroupRinglet(ProcessGroup):
             ch = self._p2p.get((src, dst))
             if ch is None:
                 if self._closed:
-                    raise errors.CommunicatorAbortedError(
-                        f"{self._where()}: the process group was destroyed"
-                    )
+                    raise self._destroyed()
                 ch = (_core.Progress("ringlet-p2p"), [None, None])  # [communicator, error]
                 self._p2p[(src, dst)] = ch
         return ch
@@ -502,13 +511,6 @@ class ProcessGroupRinglet(ProcessGroup):
 
     # -- collectives ---------------------------------------------------------
 
-    def _all_reduce_one(self, t: torch.Tensor, name: str, red: str) -> None:
-        comm = self._world()  # decided in the job: every rank connects before it
-        if self._levels is None:  # one engine call (single host)
-            comm.all_reduce(t.data_ptr(), t.nbytes, name, red)
-        else:
-            _engine_all_reduce(comm, t, name, red)
-
     @_torch_errors
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
@@ -519,8 +521,10 @@ class ProcessGroupRinglet(ProcessGroup):
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
                     and (red in ("sum", "mul", "min", "max") or not t.is_floating_point())):
-                return self._submit(lambda: self._all_reduce_one(t, name, red), [t],
-                                    wake=_is_async(opts))
+                # One engine call, or two levels for a large one on a group
+                # that spans hosts (decided in the job, after connecting).
+                return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),
+                                    [t], wake=_is_async(opts))
         ts = [self._tensor(t, f"all_reduce tensors[{i}]") for i, t in enumerate(tensors)]
 
         def run() -> None:
@@ -586,10 +590,7 @@ class ProcessGroupRinglet(ProcessGroup):
         flat = torch.empty(sum(o.numel() for o in outs), dtype=inp.dtype)
         send = inp.reshape(-1).repeat(self._size)
         _exchange(comm, send, [n] * self._size, flat, [o.numel() for o in outs])
-        start = 0
-        for o in outs:
-            o.copy_(flat[start:start + o.numel()].view(o.shape))
-            start += o.numel()
+        _split_into(flat, outs)
 
     @_torch_errors
     def allgather(
@@ -757,10 +758,7 @@ class ProcessGroupRinglet(ProcessGroup):
             recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
             flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
             _exchange(self._world(), send, counts, flat, recv_counts)
-            start = 0
-            for o in outs:
-                o.copy_(flat[start:start + o.numel()].view(o.shape))
-                start += o.numel()
+            _split_into(flat, outs)
 
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
@@ -859,10 +857,7 @@ class ProcessGroupRinglet(ProcessGroup):
             flat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
             _exchange(self._world(), send, [t.numel() for t in ins], flat,
                       [o.numel() for o in outs])
-            start = 0
-            for o in outs:
-                o.copy_(flat[start:start + o.numel()].view(o.shape))
-                start += o.numel()
+            _split_into(flat, outs)
 
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
 

@@ -537,13 +537,19 @@ def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Future
         cid = st.agent.call(to.id, payload, _tensor_bufs(tensors), t, tensors)
     except (RuntimeError, AttributeError) as e:
         raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
+    _track(st, cid, entry)
+    return fut
+
+
+def _track(st: Any, cid: int, entry: Any) -> None:
+    """Registers ``entry`` as waiting for the reply to call ``cid``, or
+    completes it at once when the reply already arrived."""
     with st.lock:
         early = st.early.pop(cid, None)
         if early is None:
             st.pending[cid] = entry
     if early is not None:
         _complete(st, entry, early)
-    return fut
 
 
 def _send_sync(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Any:
@@ -855,12 +861,7 @@ def _send_raw(to: Union[str, int, WorkerInfo], payload: bytes, timeout: float = 
     fut: Future = Future()
     cid = st.agent.call(w.id, payload, [], t, None)
     entry = _Pending(fut, w.id, t)
-    with st.lock:
-        early = st.early.pop(cid, None)
-        if early is None:
-            st.pending[cid] = entry
-    if early is not None:
-        _complete(st, entry, early)
+    _track(st, cid, entry)
     return fut
 
 
