@@ -126,13 +126,14 @@ def test_large_tensor_64mib(transport: str) -> None:
     launch(2, large, transport=transport)
 
 
-def large_staged(rank: int, world: int) -> None:
+def large_single_copy(rank: int, world: int) -> None:
     large(rank, world)
 
 
-def test_large_tensor_staged_copy_path() -> None:
-    # Cross-memory attach off: the staged pipeline carries the big messages.
-    launch(3, large_staged, env={"RINGLET_CMA": "0"})
+def test_large_tensor_single_copy_path() -> None:
+    # Cross-memory attach from 128 KiB (off by default): single-copy reads
+    # and writes of peers' buffers carry the big messages.
+    launch(3, large_single_copy, env={"RINGLET_CMA_THRESHOLD": str(128 << 10)})
 
 
 def groups_check(rank: int, world: int) -> None:

@@ -41,6 +41,7 @@ from torch._C._distributed_c10d import Work as _CWork
 from . import _core, errors, runtime
 from ._engine import (
     _DTYPE_NAMES,
+    _HIER_MIN_BYTES,
     _LEVELS,
     Levels,
     _check,
@@ -77,6 +78,7 @@ _OPS: dict[Any, str] = {
 
 
 # Reduce ops the engine runs as they are (AVG and PREMUL_SUM need a step more).
+_SUM = _RED.SUM  # compared first: pybind enum hashing costs more than one ==
 _SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)}
 
 
@@ -517,10 +519,21 @@ class ProcessGroupRinglet(ProcessGroup):
         if len(tensors) == 1:  # the common case, with the fewest steps
             t = tensors[0]
             name = _DTYPE_NAMES.get(t.dtype)
-            red = _SIMPLE.get(op.op if isinstance(op, ReduceOp) else op)
+            red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
                     and (red in ("sum", "mul", "min", "max") or not t.is_floating_point())):
+                comm = self._comm
+                if (comm is not None and opts is not None and not opts.asyncOp
+                        and (self._levels is None or t.nbytes < _HIER_MIN_BYTES)):
+                    # Synchronous on a connected one-level group: one engine
+                    # call on this thread when the queue is idle, no Python job.
+                    try:
+                        if self._queue.run_now(functools.partial(
+                                comm.all_reduce, t.data_ptr(), t.nbytes, name, red)):
+                            return _DONE
+                    except BaseException as e:
+                        raise _DistErrors.convert(e) from None
                 # One engine call, or two levels for a large one on a group
                 # that spans hosts (decided in the job, after connecting).
                 return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),

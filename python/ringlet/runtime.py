@@ -110,9 +110,11 @@ def _engine_options(local_ranks: int = 1) -> dict[str, Any]:
         raise ValueError(f"RINGLET_TRANSPORT={mode!r}: expected 'auto', 'shm' or 'tcp'")
     return {
         "force_tcp": mode == "tcp",
-        "slot_bytes": _env_int("RINGLET_SHM_SLOT_BYTES", 8 << 20),
+        "slot_bytes": _env_int("RINGLET_SHM_SLOT_BYTES", 1 << 20),
         "cma": os.environ.get("RINGLET_CMA", "1") not in ("0", "false", "False"),
-        "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", 128 << 10),
+        # Unset: collectives never read peers' memory directly (the staged
+        # path is faster here at every size; see DEFAULT_CMA_THRESHOLD in group.rs).
+        "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", (1 << 64) - 1),
         "small_bytes": _env_int("RINGLET_SMALL_BYTES", 64 << 10),
         "spins": _env_int(
             "RINGLET_SPIN", _SPINS_DEDICATED if local_ranks <= _cores() else _SPINS_SHARED

@@ -102,8 +102,30 @@ class _Mpi:
         pass
 
 
-def _ours(op: str, x: torch.Tensor, out: torch.Tensor) -> Callable[[], Any]:
+def _ours(op: str, x: torch.Tensor, out: torch.Tensor, front: str = "xla",
+          group: Any = None) -> Callable[[], Any]:
+    """ringlet's call for ``op`` through front end ``front``: ``xla`` (the
+    torch_xla-style API, in place where it can be), ``ops``
+    (``torch.ops.ringlet``, out of place) or ``c10d`` (``torch.distributed``
+    on a ``"ringlet"`` process group ``group``)."""
     n = ringlet.world_size()
+    if front == "ops":
+        ops = torch.ops.ringlet
+        return {
+            "all_reduce": lambda: ops.all_reduce(x),
+            "all_gather": lambda: ops.all_gather(x),
+            "reduce_scatter": lambda: ops.reduce_scatter(x),
+            "broadcast": lambda: ops.broadcast(x),
+        }[op]
+    if front == "c10d":
+        import torch.distributed as dist
+
+        return {
+            "all_reduce": lambda: dist.all_reduce(x, group=group),
+            "all_gather": lambda: dist.all_gather_into_tensor(out, x, group=group),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(out, x, group=group),
+            "broadcast": lambda: dist.broadcast(x, 0, group=group),
+        }[op]
     if op == "all_reduce":
         return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [x])
     if op == "all_gather":
@@ -139,7 +161,8 @@ def _single(fn: Callable[[], Any], barrier: Callable[[], None]) -> float:
     return time.perf_counter() - t0
 
 
-def run(ops: list[str], sizes: list[int], budget: float, peer: Any) -> list[dict[str, Any]]:
+def run(ops: list[str], sizes: list[int], budget: float, peer: Any, front: str = "xla",
+        group: Any = None) -> list[dict[str, Any]]:
     """Times every op at every size for ringlet and ``peer``; returns rows."""
     n = ringlet.world_size()
     rows = []
@@ -149,7 +172,7 @@ def run(ops: list[str], sizes: list[int], budget: float, peer: Any) -> list[dict
         for size in sizes:
             x, out = _buffers(op, size, n)
             y, out2 = x.clone(), out.clone()
-            ours, theirs = _ours(op, x, out), peer.call(op, y, out2)
+            ours, theirs = _ours(op, x, out, front, group), peer.call(op, y, out2)
             ours()
             theirs()  # warm-up (page faults, connections)
             iters = _iters(size, budget)
@@ -175,10 +198,11 @@ def run(ops: list[str], sizes: list[int], budget: float, peer: Any) -> list[dict
     return rows
 
 
-def table(rows: list[dict[str, Any]], n: int, transport: str, peer: str) -> str:
+def table(rows: list[dict[str, Any]], n: int, transport: str, peer: str,
+          front: str = "xla") -> str:
     """Renders the rows as a Markdown table."""
     lines = [
-        f"world size {n}, ringlet transport {transport}, against {peer}",
+        f"world size {n}, ringlet transport {transport}, front end {front}, against {peer}",
         "",
         f"| op | size | ringlet µs | {peer} µs | ringlet µs after barrier | {peer} µs after "
         f"barrier | ringlet algbw GB/s | ringlet busbw GB/s | {peer} busbw GB/s | busbw "
@@ -219,6 +243,21 @@ def plot(rows: list[dict[str, Any]], path: str, peer: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _c10d_group(against: str) -> Any:
+    """A ``"ringlet"`` process group over every rank: a new group beside gloo's
+    default one, or (under mpirun) the default group itself."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.new_group(backend="ringlet")
+    port = int(os.environ.get("MASTER_PORT", "29555")) + 1
+    dist.init_process_group(
+        "ringlet", init_method=f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}",
+        rank=ringlet.get_ordinal(), world_size=ringlet.world_size(),
+    )
+    return None
+
+
 def main() -> None:
     """Entry point of ``python -m ringlet.bench collectives``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -227,6 +266,9 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=1.0, help="scales the iteration counts")
     p.add_argument("--against", default="gloo", choices=["gloo", "mpi"])
     p.add_argument("--plot", default=None, help="write a PNG of busbw vs size here")
+    p.add_argument("--front", default="xla", choices=["xla", "ops", "c10d"],
+                   help="ringlet's front end: the torch_xla-style API, torch.ops.ringlet, "
+                        "or torch.distributed on a 'ringlet' process group")
     args = p.parse_args()
     if args.against == "mpi":
         peer: Any = _Mpi()
@@ -238,11 +280,18 @@ def main() -> None:
     else:
         ringlet.init()
         peer = _Gloo()
-    rows = run(args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.budget, peer)
+    group = _c10d_group(args.against) if args.front == "c10d" else None
+    rows = run(args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.budget, peer,
+               args.front, group)
     if ringlet.get_ordinal() == 0:
-        print(table(rows, ringlet.world_size(), ringlet.transport(), peer.name), flush=True)
+        print(table(rows, ringlet.world_size(), ringlet.transport(), peer.name, args.front),
+              flush=True)
         if args.plot:
             plot(rows, args.plot, peer.name)
+    if args.front == "c10d" and args.against == "mpi":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     peer.close()
     ringlet.shutdown()
 

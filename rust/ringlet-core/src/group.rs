@@ -19,11 +19,15 @@ pub struct Config {
     pub timeout: Duration,
     /// Use TCP even between ranks of one host.
     pub force_tcp: bool,
-    /// Bytes of shared memory per rank (two halves for pipelining).
+    /// Bytes of shared memory per rank (two halves for pipelining). Large
+    /// messages go through in pieces of half a slot, so a slot small enough
+    /// for both ranks' pieces to stay in cache is the fastest (see
+    /// `DEFAULT_SLOT_BYTES`).
     pub slot_bytes: usize,
     /// Allow cross-memory attach (single-copy) for large messages.
     pub cma: bool,
-    /// Messages of at least this many bytes use cross-memory attach.
+    /// Messages of at least this many bytes use cross-memory attach (default:
+    /// never, see `DEFAULT_CMA_THRESHOLD`).
     pub cma_threshold: usize,
     /// All-reduces up to this many bytes use the latency-optimised path.
     pub small_bytes: usize,
@@ -39,14 +43,28 @@ pub struct Config {
     pub domain: u64,
 }
 
+/// 1 MiB per rank: pieces of 512 KiB, so the pieces of every rank in flight
+/// stay in the caches and a collective touches main memory only for the
+/// caller's buffers. Measured against 8 MiB (4 MiB pieces, which spill to
+/// memory): 2 ranks, 256 MiB all_reduce 8.3 -> 14 GB/s; 4 ranks on 2 cores,
+/// 16 MiB all_reduce 6.5 -> 3.6 ms.
+pub const DEFAULT_SLOT_BYTES: usize = 1 << 20;
+
+/// Collectives stage through shared memory at every size unless a threshold
+/// is set: the kernel's cross-process copy (`process_vm_readv`/`writev`)
+/// runs at 7-10 GB/s per core here, while the staged pipeline above copies at
+/// cache speed, and it lost at every size measured (64 KiB to 1 GiB; 1 GiB
+/// all_reduce on 2 ranks 7.7 vs 13.7 GB/s, broadcast 10.1 vs 21.5 GB/s).
+pub const DEFAULT_CMA_THRESHOLD: usize = usize::MAX;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             timeout: Duration::from_secs(300),
             force_tcp: false,
-            slot_bytes: 8 << 20,
+            slot_bytes: DEFAULT_SLOT_BYTES,
             cma: true,
-            cma_threshold: 128 << 10,
+            cma_threshold: DEFAULT_CMA_THRESHOLD,
             small_bytes: 64 << 10,
             spins: 2000,
             members: Vec::new(),

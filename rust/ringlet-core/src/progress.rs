@@ -32,7 +32,24 @@ struct State {
     running: bool,
     /// The thread running it.
     runner: Option<ThreadId>,
+    /// Threads blocked on `done` (its wake-up is skipped when none is).
+    waiters: u32,
     stop: bool,
+}
+
+impl State {
+    /// Marks the running job finished and wakes whoever needs it.
+    fn finish(&mut self, shared: &Shared) {
+        self.running = false;
+        self.runner = None;
+        self.finished += 1;
+        if self.waiters > 0 {
+            shared.done.notify_all();
+        }
+        if !self.queue.is_empty() {
+            shared.work.notify_one();
+        }
+    }
 }
 
 struct Shared {
@@ -61,13 +78,7 @@ impl Shared {
         drop(st);
         let _ = catch_unwind(AssertUnwindSafe(job));
         let mut st = self.lock();
-        st.running = false;
-        st.runner = None;
-        st.finished += 1;
-        self.done.notify_all();
-        if !st.queue.is_empty() {
-            self.work.notify_one();
-        }
+        st.finish(self);
         st
     }
 }
@@ -143,15 +154,7 @@ impl Progress {
             st.issued += 1;
         }
         let out = catch_unwind(AssertUnwindSafe(f));
-        let mut st = self.shared.lock();
-        st.running = false;
-        st.runner = None;
-        st.finished += 1;
-        self.shared.done.notify_all();
-        if !st.queue.is_empty() {
-            self.shared.work.notify_one();
-        }
-        drop(st);
+        self.shared.lock().finish(&self.shared);
         match out {
             Ok(v) => Some(v),
             Err(panic) => std::panic::resume_unwind(panic),
@@ -187,13 +190,14 @@ impl Progress {
                 st = self.shared.run_head(st);
                 continue;
             }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(false);
+            }
+            st.waiters += 1;
             st = match deadline {
                 None => self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner()),
                 Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Ok(false);
-                    }
                     self.shared
                         .done
                         .wait_timeout(st, d - now)
@@ -201,6 +205,7 @@ impl Progress {
                         .0
                 }
             };
+            st.waiters -= 1;
         }
     }
 

@@ -218,7 +218,7 @@ impl Communicator {
 
     /// Connects to every rank in the peer table (blocks without the GIL).
     #[staticmethod]
-    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=8<<20, cma=true, cma_threshold=128<<10, small_bytes=64<<10, spins=2000, members=Vec::new(), name=String::new(), domain=0))]
+    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=core::group::DEFAULT_SLOT_BYTES, cma=true, cma_threshold=core::group::DEFAULT_CMA_THRESHOLD, small_bytes=64<<10, spins=2000, members=Vec::new(), name=String::new(), domain=0))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
