@@ -683,6 +683,16 @@ def check_errors(rank: int, world: int) -> None:
             ringlet.reduce_scatter("sum", torch.zeros(3, 2 * world + 1), 1.0, 1, world)
     with pytest.raises(ValueError, match="output has shape"):
         ringlet.reduce_scatter("sum", x, 1.0, 0, world, output=torch.zeros(3))
+    # The one-call fast paths hand anything unusual to the checked path:
+    # the right byte count in the wrong shape, rows that do not divide.
+    with pytest.raises(ValueError, match="all_gather output has shape"):
+        ringlet.all_gather(torch.zeros(2, 3), output=torch.zeros(3, 2 * world))
+    with pytest.raises(ValueError, match="output has shape"):
+        ringlet.reduce_scatter("sum", torch.zeros(2 * world, 3), 1.0, 0, world,
+                               output=torch.zeros(3, 2))
+    if world > 1:
+        with pytest.raises(ValueError, match="not divisible by shard_count"):
+            ringlet.reduce_scatter("sum", torch.zeros(2 * world + 1, 2), 1.0, 0, world)
     with pytest.raises(ValueError, match="dimension -3 is out of range"):
         ringlet.all_gather(torch.zeros(2, 2), dim=-3)
     with pytest.raises(ValueError, match="unknown reduce type 'avg'"):

@@ -42,7 +42,10 @@ from ._engine import (
     _rank,
     _reduce_inplace,
     _traced,
+    _world_all_gather,
     _world_all_reduce,
+    _world_broadcast,
+    _world_reduce_scatter,
 )
 from .runtime import get_local_ordinal, get_ordinal, world_size
 
@@ -228,6 +231,10 @@ def all_gather(
       >>> ringlet.all_gather(t)     # on 2 ranks
       tensor([0, 1])
     """
+    if not groups and dim == 0:  # the common call, in the fewest steps
+        fast = _world_all_gather(value, output)
+        if fast is not None:
+            return fast
     _check_equal_groups(groups)
     if isinstance(value, (torch.Tensor, np.ndarray)):
         value = _as_tensor(value, "value")
@@ -356,6 +363,10 @@ def reduce_scatter(
       >>> ringlet.reduce_scatter(ringlet.REDUCE_SUM, x, 1.0, 0, 2)
       tensor([0., 2.])                    # rank 0; rank 1 gets tensor([4., 6.])
     """
+    if not groups and scatter_dim == 0 and shard_count == runtime._world_count():
+        fast = _world_reduce_scatter(reduce_type, input, scale, output)
+        if fast is not None:  # the common call, in the fewest steps
+            return fast
     reduce_type = _check_reduce_type(reduce_type)
     _check_equal_groups(groups)
     if isinstance(input, (torch.Tensor, np.ndarray)):
@@ -407,6 +418,9 @@ def collective_broadcast(
       >>> t
       tensor([1., 1.])
     """
+    if not groups and type(tensors) is list and len(tensors) == 1:
+        if _world_broadcast(tensors[0], root_ordinal):
+            return  # the common call, in the fewest steps
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"rank {_rank()}: tensors must be a list of tensors")
     if world_size() == 1:
