@@ -234,8 +234,13 @@ def _fits(value: torch.Tensor, output: Any, name: str, nbytes: int, rows: int) -
     if value.dim() != 1 or output.dim() != 1:
         if output.shape != (rows, *value.shape[1:]):
             return False
-    pa, pb = value.data_ptr(), output.data_ptr()
-    return pa + value.nbytes <= pb or pb + nbytes <= pa
+    return _disjoint(value, output)
+
+
+def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share no byte."""
+    pa, pb = a.data_ptr(), b.data_ptr()
+    return pa + a.nbytes <= pb or pb + b.nbytes <= pa
 
 
 def _world_all_gather(value: Any, output: Any) -> Optional[torch.Tensor]:

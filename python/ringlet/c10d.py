@@ -45,12 +45,14 @@ from ._engine import (
     _LEVELS,
     Levels,
     _check,
+    _disjoint,
     _engine_all_gather,
     _engine_all_reduce,
     _engine_broadcast,
     _engine_reduce_scatter,
     _exchange,
     _overlaps,
+    _plain,
     _reduce_inplace,
 )
 
@@ -447,6 +449,20 @@ class ProcessGroupRinglet(ProcessGroup):
             self._coalescing.append(work)
         return work
 
+    def _now(self, opts: Any, nbytes: int, method: str, *args: Any) -> bool:
+        """Fast path of a synchronous call on a connected one-level group:
+        runs the engine call ``method(*args)`` on this thread at once when the
+        queue is idle (no Python job, no Work); False, having done nothing,
+        when the call must be queued."""
+        comm = self._comm
+        if (comm is None or opts is None or getattr(opts, "asyncOp", True)
+                or (self._levels is not None and nbytes >= _HIER_MIN_BYTES)):
+            return False
+        try:
+            return bool(self._queue.run_now(functools.partial(getattr(comm, method), *args)))
+        except BaseException as e:
+            raise _DistErrors.convert(e) from None
+
     # -- argument checks -----------------------------------------------------
 
     def _tensor(self, t: Any, what: str) -> torch.Tensor:
@@ -523,17 +539,8 @@ class ProcessGroupRinglet(ProcessGroup):
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
                     and (red in ("sum", "mul", "min", "max") or not t.is_floating_point())):
-                comm = self._comm
-                if (comm is not None and opts is not None and not opts.asyncOp
-                        and (self._levels is None or t.nbytes < _HIER_MIN_BYTES)):
-                    # Synchronous on a connected one-level group: one engine
-                    # call on this thread when the queue is idle, no Python job.
-                    try:
-                        if self._queue.run_now(functools.partial(
-                                comm.all_reduce, t.data_ptr(), t.nbytes, name, red)):
-                            return _DONE
-                    except BaseException as e:
-                        raise _DistErrors.convert(e) from None
+                if self._now(opts, t.nbytes, "all_reduce", t.data_ptr(), t.nbytes, name, red):
+                    return _DONE
                 # One engine call, or two levels for a large one on a group
                 # that spans hosts (decided in the job, after connecting).
                 return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),
@@ -556,6 +563,12 @@ class ProcessGroupRinglet(ProcessGroup):
     @_torch_errors
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast root")
+        if len(tensors) == 1:
+            t = tensors[0]
+            name = _plain(t)
+            if name is not None and self._now(
+                    opts, t.nbytes, "broadcast", t.data_ptr(), t.nbytes, name, root):
+                return _DONE
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
 
         def run() -> None:
@@ -632,6 +645,13 @@ class ProcessGroupRinglet(ProcessGroup):
         return self.allgather(output_lists, input_list, opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        name = _plain(input)
+        if name is not None and _plain(output) == name:
+            nb = input.nbytes
+            if (output.nbytes == nb * self._size and _disjoint(input, output)
+                    and self._now(opts, nb * self._size, "all_gather", input.data_ptr(), nb,
+                                  output.data_ptr(), output.nbytes, name)):
+                return _DONE
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     @_torch_errors
@@ -718,6 +738,17 @@ class ProcessGroupRinglet(ProcessGroup):
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> Work:
+        name = _plain(input)
+        if name is not None and opts is not None and _plain(output) == name:
+            op = opts.reduceOp
+            red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
+            nb = input.nbytes
+            if (red is not None and (red in ("sum", "mul", "min", "max")
+                                     or not input.is_floating_point())
+                    and output.nbytes * self._size == nb and _disjoint(input, output)
+                    and self._now(opts, nb, "reduce_scatter", input.data_ptr(), nb,
+                                  output.data_ptr(), output.nbytes, name, red)):
+                return _DONE
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     @_torch_errors
