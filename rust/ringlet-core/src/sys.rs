@@ -1,6 +1,7 @@
-//! Thin safe wrappers over the Linux system calls the transports need. All of
-//! the engine's FFI lives here, so every `unsafe` call site is in this module
-//! or in `transport/shm/segment.rs` (pointer access into mapped memory).
+//! Thin safe wrappers over the Linux system calls the transports need, and
+//! the streaming (non-temporal) copy. All of the engine's FFI lives here, so
+//! every `unsafe` call site is in this module, in `transport/shm/segment.rs`
+//! (pointer access into mapped memory) or in the SIMD reduce kernels.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
@@ -321,4 +322,67 @@ pub fn tcp_retransmitting(fd: RawFd) -> bool {
         )
     };
     rc == 0 && info.tcpi_unacked > 0 && (info.tcpi_retransmits > 0 || info.tcpi_backoff > 0)
+}
+
+/// Copies `src` into `dst` (same length) with non-temporal stores on x86-64:
+/// the destination lines go to memory without first being read into the
+/// cache, which saves a third of the memory traffic of a copy into a buffer
+/// larger than the cache that nobody reads back soon (the output of a large
+/// collective). Ends with a store fence, so the bytes are visible to other
+/// cores before any later store (such as the phase signal). Elsewhere, a
+/// plain copy.
+pub fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let len = dst.len();
+        let head = dst.as_ptr().align_offset(16).min(len);
+        dst[..head].copy_from_slice(&src[..head]);
+        let body = (len - head) / 64 * 64;
+        let (d, s) = (dst[head..].as_mut_ptr(), src[head..].as_ptr());
+        let mut i = 0;
+        while i < body {
+            // SAFETY: SSE2 is part of the x86-64 baseline. `i + 64 <= body`,
+            // and `body` bytes from `head` lie inside both slices; `d + i` is
+            // 16-byte aligned (`head` aligned it, and i steps by 64); loads
+            // are unaligned. The slices do not overlap (`&mut` and `&`).
+            unsafe {
+                let a = _mm_loadu_si128(s.add(i) as *const __m128i);
+                let b = _mm_loadu_si128(s.add(i + 16) as *const __m128i);
+                let c = _mm_loadu_si128(s.add(i + 32) as *const __m128i);
+                let e = _mm_loadu_si128(s.add(i + 48) as *const __m128i);
+                _mm_stream_si128(d.add(i) as *mut __m128i, a);
+                _mm_stream_si128(d.add(i + 16) as *mut __m128i, b);
+                _mm_stream_si128(d.add(i + 32) as *mut __m128i, c);
+                _mm_stream_si128(d.add(i + 48) as *mut __m128i, e);
+            }
+            i += 64;
+        }
+        let done = head + body;
+        dst[done..].copy_from_slice(&src[done..]);
+        // SAFETY: a store fence has no preconditions (SSE, x86-64 baseline).
+        unsafe { _mm_sfence() };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.copy_from_slice(src);
+}
+
+#[cfg(test)]
+mod streaming_tests {
+    use super::copy_streaming;
+
+    #[test]
+    fn streaming_copy_matches_at_every_alignment_and_length() {
+        let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        for off in 0..17 {
+            for len in [0, 1, 15, 16, 63, 64, 65, 200, 1000, 4000 - off] {
+                let mut dst = vec![0u8; len + off + 8];
+                copy_streaming(&mut dst[off..off + len], &src[5..5 + len]);
+                assert_eq!(&dst[off..off + len], &src[5..5 + len]);
+                assert!(dst[..off].iter().all(|&b| b == 0));
+                assert!(dst[off + len..].iter().all(|&b| b == 0));
+            }
+        }
+    }
 }

@@ -10,7 +10,7 @@
 //! TCP: ring; at each of the p-1 steps a rank forwards the block it received
 //! in the previous step.
 
-use super::{pieces, split_ref_mut};
+use super::{pieces, split_ref_mut, streams};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::{Communicator, Config, Link};
@@ -71,6 +71,7 @@ fn shm_all_gather(
         output[r * n..(r + 1) * n].copy_from_slice(input);
         return shm.sync(OP);
     }
+    let stream = streams(output.len());
     for (k, piece) in pieces(n, shm.half_bytes(), dtype.size())
         .into_iter()
         .enumerate()
@@ -84,10 +85,12 @@ fn shm_all_gather(
         }
         for j in 0..p {
             let dst = &mut output[j * n + piece.start..j * n + piece.end];
-            if j == r {
-                dst.copy_from_slice(&input[piece.clone()]);
+            if j != r {
+                shm.get_out(j, 0, dst, stream);
+            } else if stream {
+                crate::sys::copy_streaming(dst, &input[piece.clone()]);
             } else {
-                shm.get(j, 0, dst);
+                dst.copy_from_slice(&input[piece.clone()]);
             }
         }
     }

@@ -7,7 +7,7 @@
 //! TCP: the root sends the buffer to every peer at once; `transfer` keeps all
 //! streams busy together.
 
-use super::pieces;
+use super::{pieces, streams};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::{Communicator, Config, Link};
@@ -92,6 +92,7 @@ pub(super) fn shm_broadcast(
         }
         return shm.sync(op);
     }
+    let stream = streams(side.len());
     for (k, piece) in pieces(side.len(), shm.half_bytes(), dtype.size())
         .into_iter()
         .enumerate()
@@ -106,7 +107,7 @@ pub(super) fn shm_broadcast(
             shm.sync(op)?;
         }
         if let Side::Leaf(b) = &mut side {
-            shm.get(root, 0, &mut b[piece]);
+            shm.get_out(root, 0, &mut b[piece], stream);
         }
     }
     Ok(())

@@ -418,6 +418,16 @@ impl ShmGroup {
         self.seg.read(peer, self.half_off(off), dst);
     }
 
+    /// As [`get`](Self::get), with non-temporal stores when `stream` (the
+    /// destination is a large buffer that will not be read back soon).
+    pub fn get_out(&self, peer: usize, off: usize, dst: &mut [u8], stream: bool) {
+        if stream {
+            self.seg.read_streaming(peer, self.half_off(off), dst);
+        } else {
+            self.seg.read(peer, self.half_off(off), dst);
+        }
+    }
+
     /// `dst = slot_0 ⊕ slot_1 ⊕ ... ⊕ slot_{p-1}` over the range at `off`, in
     /// rank order (so every rank computing it gets identical bits).
     pub fn reduce_all_slots(

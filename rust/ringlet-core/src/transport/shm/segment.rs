@@ -181,6 +181,14 @@ impl Segment {
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
     }
 
+    /// Copies from `rank`'s slot at `off` into `dst` with non-temporal
+    /// stores (see [`crate::sys::copy_streaming`]).
+    pub fn read_streaming(&self, rank: usize, off: usize, dst: &mut [u8]) {
+        self.with_slots(&[rank], off, dst.len(), |views| {
+            crate::sys::copy_streaming(dst, views[0])
+        })
+    }
+
     /// Runs `f` with read-only views of the same range in the given ranks'
     /// slots (in the given order).
     pub fn with_slots<R>(
