@@ -257,6 +257,42 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     dist.barrier()
     dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
 
+    # ProcessGroup methods called directly, in each of torch's call forms
+    # (lone tensors, a reduce op or a root rank instead of an options object),
+    # on the ringlet group and on the gloo group: the same results.
+    mine_pg, gloo_pg = dist.group.WORLD, gloo
+    peer = (rank + 1) % world
+    last = world - 1
+
+    def direct(pg: dist.ProcessGroup) -> list[torch.Tensor]:
+        x = _data(rank, 5, torch.float32, seed=7)
+        got = []
+        a = x.clone()
+        pg.allreduce(a).wait()
+        b = x.clone()
+        pg.allreduce([b], dist.ReduceOp.MAX).wait()
+        c = x.clone()
+        pg.broadcast(c, last).wait()
+        d = x.clone()
+        pg.reduce(d, last, dist.ReduceOp.MIN).wait()
+        gathered = [torch.empty(5) for _ in range(world)]
+        pg.allgather(gathered, x).wait()
+        e = torch.empty(5)
+        pg.reduce_scatter(e, [x * (j + 1) for j in range(world)], dist.ReduceOp.MAX).wait()
+        g = [torch.empty(5) for _ in range(world)] if rank == last else []
+        pg.gather(g, x, last).wait()
+        f = torch.empty(5)
+        pg.scatter(f, [x + j for j in range(world)] if rank == last else [], last).wait()
+        h = x.clone()
+        pg.reduce([h]).wait()  # no options: root 0, SUM
+        got += [a, b, c, gathered[peer], e, f, h if rank == 0 else x]
+        if rank == last:
+            got += [d, g[peer]]
+        return got
+
+    for i, (m, w) in enumerate(zip(direct(mine_pg), direct(gloo_pg))):
+        _same(m, w, f"direct ProcessGroup call {i}")
+
     # subgroups: new_group, new_subgroups, split_group-like layouts
     evens = dist.new_group([r for r in range(world) if r % 2 == 0])
     if rank % 2 == 0:

@@ -247,6 +247,34 @@ class Work(_CWork):
 _DONE: Work  # a finished Work returned by synchronous calls (set below)
 
 
+def _opts(cls: Any, opts: Any, op: Any = None, root: Any = None) -> Any:
+    """``opts`` as torch's options object ``cls``, accepting the other call
+    forms of torch's ``ProcessGroup`` methods: nothing (defaults), a reduce op
+    (``pg.allreduce([t], ReduceOp.MAX)``) or a root rank
+    (``pg.broadcast(t, 1)``, ``pg.reduce(t, 1, op)``)."""
+    if opts is not None and type(opts) is cls:
+        return opts
+    out = cls()
+    if opts is None:
+        pass
+    elif isinstance(opts, int) and not isinstance(opts, bool) and hasattr(out, "rootRank"):
+        out.rootRank = opts
+    elif hasattr(out, "reduceOp") and not hasattr(opts, "reduceOp"):
+        out.reduceOp = opts
+    else:
+        return opts  # another options-like object: used as it is
+    if op is not None and hasattr(out, "reduceOp"):
+        out.reduceOp = op
+    if root is not None:
+        out.rootRank = root
+    return out
+
+
+def _as_list(t: Any) -> Any:
+    """A lone tensor as a one-element list (torch's single-tensor overloads)."""
+    return [t] if isinstance(t, torch.Tensor) else t
+
+
 def _is_async(opts: Any) -> bool:
     """Whether the caller returns the Work (``async_op=True``; C++ callers
     such as functional collectives and DDP leave the option at True)."""
@@ -531,7 +559,9 @@ class ProcessGroupRinglet(ProcessGroup):
 
     @_torch_errors
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        if type(opts) is not dist.AllreduceOptions:  # another of torch's call forms
+            tensors, opts = _as_list(tensors), _opts(dist.AllreduceOptions, opts)
+        op = opts.reduceOp
         if len(tensors) == 1:  # the common case, with the fewest steps
             t = tensors[0]
             name = _DTYPE_NAMES.get(t.dtype)
@@ -562,7 +592,9 @@ class ProcessGroupRinglet(ProcessGroup):
 
     @_torch_errors
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        root = self._root(opts.rootRank if opts is not None else 0, "broadcast root")
+        if type(opts) is not dist.BroadcastOptions:  # another of torch's call forms
+            tensors, opts = _as_list(tensors), _opts(dist.BroadcastOptions, opts)
+        root = self._root(opts.rootRank, "broadcast root")
         if len(tensors) == 1:
             t = tensors[0]
             name = _plain(t)
@@ -581,7 +613,8 @@ class ProcessGroupRinglet(ProcessGroup):
         return self._submit(run, list(tensors), wake=_is_async(opts))
 
     @_torch_errors
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None) -> Work:
+        tensors, opts = _as_list(tensors), _opts(dist.ReduceOptions, opts, op=op)
         root = self._root(opts.rootRank, "reduce root")
         op = opts.reduceOp
         ts = [self._tensor(t, f"reduce tensors[{i}]") for i, t in enumerate(tensors)]
@@ -623,6 +656,8 @@ class ProcessGroupRinglet(ProcessGroup):
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> Work:
+        if isinstance(input_tensors, torch.Tensor):  # allgather(outputs, input)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
         ins = [self._tensor(t, "all_gather input") for t in input_tensors]
         outs = [[self._tensor(o, "all_gather output") for o in lst] for lst in output_tensors]
         for lst in outs:
@@ -713,7 +748,9 @@ class ProcessGroupRinglet(ProcessGroup):
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
     ) -> Work:
-        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(output, inputs, op)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        op = _opts(dist.ReduceScatterOptions, opts).reduceOp
         outs = [self._tensor(o, "reduce_scatter output") for o in output_tensors]
         ins = [[self._tensor(t, "reduce_scatter input") for t in lst] for lst in input_tensors]
         for o, lst in zip(outs, ins):
@@ -782,6 +819,9 @@ class ProcessGroupRinglet(ProcessGroup):
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> Work:
+        if isinstance(input_tensors, torch.Tensor):  # gather(outputs, input, root)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _opts(dist.GatherOptions, opts)
         root = self._root(opts.rootRank, "gather root")
         inp = self._tensor(input_tensors[0], "gather input")
         outs: list[torch.Tensor] = []
@@ -811,6 +851,9 @@ class ProcessGroupRinglet(ProcessGroup):
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
         opts: Any = None,
     ) -> Work:
+        if isinstance(output_tensors, torch.Tensor):  # scatter(output, inputs, root)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _opts(dist.ScatterOptions, opts)
         root = self._root(opts.rootRank, "scatter root")
         out = self._tensor(output_tensors[0], "scatter output")
         ins: list[torch.Tensor] = []
