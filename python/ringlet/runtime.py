@@ -91,7 +91,7 @@ def _env_float(name: str, default: float) -> float:
 # the host has a core of its own; with more ranks than cores on a host a
 # spinning rank takes the core a peer it waits for needs, so it spins briefly.
 _SPINS_DEDICATED = 2000
-_SPINS_SHARED = 100
+_SPINS_SHARED = 30
 
 
 def _cores() -> int:
