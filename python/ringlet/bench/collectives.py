@@ -6,12 +6,17 @@ blocks (as nccl-tests times them: latency, algbw = bytes / time, busbw =
 algbw * 2(n-1)/n for all_reduce, * (n-1)/n for all_gather and reduce_scatter,
 * 1 for broadcast; bytes = the larger of input and output) and, up to 64 KiB,
 the median of single calls each made right after a barrier (as the OSU
-benchmarks time latency).
+benchmarks time latency) and of single calls made 0.5 ms after a barrier
+(``--idle-us``: cold caches, ranks that gave their cores away).
+``--front`` picks ringlet's front end (the torch_xla-style API, torch.ops.ringlet
+or torch.distributed on a "ringlet" group), ``--dtype`` the element type.
 
 Example:
   torchrun --nproc_per_node 2 -m ringlet.bench collectives --budget 2
   torchrun --nproc_per_node 2 -m ringlet.bench collectives --ops all_reduce --plot busbw.png
   mpirun -np 2 python -m ringlet.bench collectives --against mpi
+  mpirun -np 2 python -m ringlet.bench collectives --against mpi --front c10d --sizes 4096
+  torchrun --nproc_per_node 2 -m ringlet.bench collectives --ops all_reduce --dtype bfloat16
 """
 
 from __future__ import annotations
@@ -135,13 +140,15 @@ def _ours(op: str, x: torch.Tensor, out: torch.Tensor, front: str = "xla",
     return lambda: ringlet.collective_broadcast([x], root_ordinal=0)
 
 
-def _buffers(op: str, size: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    k = max(n, size // 4 // n * n)  # float32 elements, a multiple of n
+def _buffers(op: str, size: int, n: int, dtype: torch.dtype = torch.float32
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    esz = torch.empty(0, dtype=dtype).element_size()
+    k = max(n, size // esz // n * n)  # elements, a multiple of n
     if op == "all_gather":
-        return torch.ones(k // n), torch.empty(k)
+        return torch.ones(k // n, dtype=dtype), torch.empty(k, dtype=dtype)
     if op == "reduce_scatter":
-        return torch.ones(k), torch.empty(k // n)
-    return torch.ones(k), torch.empty(0)
+        return torch.ones(k, dtype=dtype), torch.empty(k // n, dtype=dtype)
+    return torch.ones(k, dtype=dtype), torch.empty(0, dtype=dtype)
 
 
 def _block(fn: Callable[[], Any], reps: int, barrier: Callable[[], None]) -> float:
@@ -153,16 +160,21 @@ def _block(fn: Callable[[], Any], reps: int, barrier: Callable[[], None]) -> flo
     return (time.perf_counter() - t0) / reps
 
 
-def _single(fn: Callable[[], Any], barrier: Callable[[], None]) -> float:
-    """Seconds of one call made right after a barrier."""
+def _single(fn: Callable[[], Any], barrier: Callable[[], None], idle: float = 0.0) -> float:
+    """Seconds of one call made right after a barrier, or ``idle`` seconds
+    after it (every rank sleeps as long: the call then meets cold caches
+    and ranks that gave their cores away)."""
     barrier()
+    if idle:
+        time.sleep(idle)
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
 def run(ops: list[str], sizes: list[int], budget: float, peer: Any, front: str = "xla",
-        group: Any = None) -> list[dict[str, Any]]:
+        group: Any = None, dtype: torch.dtype = torch.float32, idle: float = 500e-6,
+        ) -> list[dict[str, Any]]:
     """Times every op at every size for ringlet and ``peer``; returns rows."""
     n = ringlet.world_size()
     rows = []
@@ -170,7 +182,7 @@ def run(ops: list[str], sizes: list[int], budget: float, peer: Any, front: str =
         if op not in OPS:
             raise SystemExit(f"unknown op {op!r}: one of {', '.join(OPS)}")
         for size in sizes:
-            x, out = _buffers(op, size, n)
+            x, out = _buffers(op, size, n, dtype)
             y, out2 = x.clone(), out.clone()
             ours, theirs = _ours(op, x, out, front, group), peer.call(op, y, out2)
             ours()
@@ -181,17 +193,22 @@ def run(ops: list[str], sizes: list[int], budget: float, peer: Any, front: str =
             for _ in range(max(5, iters // reps)):
                 a.append(_block(ours, reps, ringlet.barrier))
                 b.append(_block(theirs, reps, peer.barrier))
-            la, lb = [], []
+            la, lb, ia, ib = [], [], [], []
             if size <= _LATENCY_MAX:
                 for _ in range(max(20, min(200, iters))):
                     la.append(_single(ours, ringlet.barrier))
                     lb.append(_single(theirs, peer.barrier))
+                for _ in range(20 if idle else 0):
+                    ia.append(_single(ours, ringlet.barrier, idle))
+                    ib.append(_single(theirs, peer.barrier, idle))
             ta, tb = statistics.median(a), statistics.median(b)
             f = _bus_factor(op, n)
             rows.append({
                 "op": op, "bytes": size, "ringlet_us": ta * 1e6, "peer_us": tb * 1e6,
                 "ringlet_lat_us": statistics.median(la) * 1e6 if la else None,
                 "peer_lat_us": statistics.median(lb) * 1e6 if lb else None,
+                "ringlet_idle_us": statistics.median(ia) * 1e6 if ia else None,
+                "peer_idle_us": statistics.median(ib) * 1e6 if ib else None,
                 "ringlet_algbw": size / ta / 1e9, "ringlet_busbw": size / ta * f / 1e9,
                 "peer_busbw": size / tb * f / 1e9,
             })
@@ -199,19 +216,22 @@ def run(ops: list[str], sizes: list[int], budget: float, peer: Any, front: str =
 
 
 def table(rows: list[dict[str, Any]], n: int, transport: str, peer: str,
-          front: str = "xla") -> str:
+          front: str = "xla", dtype: str = "float32") -> str:
     """Renders the rows as a Markdown table."""
     lines = [
-        f"world size {n}, ringlet transport {transport}, front end {front}, against {peer}",
+        f"world size {n}, ringlet transport {transport}, front end {front}, against {peer}, "
+        f"{dtype}",
         "",
         f"| op | size | ringlet µs | {peer} µs | ringlet µs after barrier | {peer} µs after "
-        f"barrier | ringlet algbw GB/s | ringlet busbw GB/s | {peer} busbw GB/s | busbw "
-        f"ringlet/{peer} |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"barrier | ringlet µs after idle | {peer} µs after idle | ringlet algbw GB/s | "
+        f"ringlet busbw GB/s | {peer} busbw GB/s | busbw ringlet/{peer} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lat = (f"{r['ringlet_lat_us']:.1f} | {r['peer_lat_us']:.1f}"
                if r["ringlet_lat_us"] is not None else "- | -")
+        lat += (f" | {r['ringlet_idle_us']:.1f} | {r['peer_idle_us']:.1f}"
+                if r.get("ringlet_idle_us") is not None else " | - | -")
         lines.append(
             f"| {r['op']} | {_fmt_size(int(r['bytes']))} | {r['ringlet_us']:.1f} | "
             f"{r['peer_us']:.1f} | {lat} | {r['ringlet_algbw']:.2f} | "
@@ -266,6 +286,12 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=1.0, help="scales the iteration counts")
     p.add_argument("--against", default="gloo", choices=["gloo", "mpi"])
     p.add_argument("--plot", default=None, help="write a PNG of busbw vs size here")
+    p.add_argument("--dtype", default="float32",
+                   help="element type (float16/bfloat16 need --against gloo: MPI has no "
+                        "such reductions)")
+    p.add_argument("--idle-us", type=float, default=500.0,
+                   help="the 'after idle' column: single calls this long after a barrier "
+                        "(0: skip)")
     p.add_argument("--front", default="xla", choices=["xla", "ops", "c10d"],
                    help="ringlet's front end: the torch_xla-style API, torch.ops.ringlet, "
                         "or torch.distributed on a 'ringlet' process group")
@@ -281,11 +307,14 @@ def main() -> None:
         ringlet.init()
         peer = _Gloo()
     group = _c10d_group(args.against) if args.front == "c10d" else None
+    dtype = getattr(torch, args.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise SystemExit(f"unknown dtype {args.dtype!r}")
     rows = run(args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.budget, peer,
-               args.front, group)
+               args.front, group, dtype, args.idle_us * 1e-6)
     if ringlet.get_ordinal() == 0:
-        print(table(rows, ringlet.world_size(), ringlet.transport(), peer.name, args.front),
-              flush=True)
+        print(table(rows, ringlet.world_size(), ringlet.transport(), peer.name, args.front,
+                    args.dtype), flush=True)
         if args.plot:
             plot(rows, args.plot, peer.name)
     if args.front == "c10d" and args.against == "mpi":
