@@ -181,23 +181,28 @@ _LEVELS: dict[int, Levels] = {}
 _ENGINE_OPS = (*_REDUCE_TYPES, "xor")
 
 
-def _world_all_reduce(t: torch.Tensor, reduce_type: str) -> bool:
-    """All-reduces a contiguous CPU tensor in place over the whole world with
-    the fewest Python steps (about 1 us above the engine's call). Returns
-    False, having done nothing, when anything needs the general path: not
-    initialised or a world of one, a dtype, layout, reduce type or device the
-    checks of that path must name, or a two-level job."""
-    if reduce_type not in _REDUCE_TYPES:
-        return False
-    name = _plain(t)
-    comm = _flat_world(t.nbytes) if name is not None else None
-    if comm is None:
-        return False
-    comm.all_reduce(t.data_ptr(), t.nbytes, name, reduce_type)
-    return True
-
-
 _STRIDED = torch.strided
+
+
+def _world_all_reduce(t: Any, reduce_type: str) -> bool:
+    """All-reduces a contiguous CPU tensor in place over the whole world with
+    the fewest Python steps (everything inline: each call and attribute read
+    costs 30-100 ns, a third of this path). Returns False, having done
+    nothing, when anything needs the general path: not initialised or a world
+    of one, a dtype, layout, reduce type or device the checks of that path
+    must name, or a two-level job."""
+    state = runtime._state
+    if (state is None or type(t) is not torch.Tensor or state.world_size == 1
+            or reduce_type not in _REDUCE_TYPES):
+        return False
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None or t.layout is not _STRIDED or not t.is_cpu or not t.is_contiguous():
+        return False
+    nbytes = t.nbytes
+    if state.hier is not None and nbytes >= _HIER_MIN_BYTES:
+        return False
+    state.comm.all_reduce(t.data_ptr(), nbytes, name, reduce_type)
+    return True
 
 
 def _plain(t: Any) -> Optional[str]:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, TextIO, TypedDict, Union
 
 import numpy as np
 import torch
+from torch.autograd import profiler as _profiler
 
 from . import runtime
 from ._engine import (
@@ -101,7 +102,6 @@ def _always_allreduce() -> bool:
         return raw.lower() in ("true", "yes", "on")
 
 
-@_traced
 def all_reduce(
     reduce_type: str,
     inputs: Union[TensorLike, list[TensorLike]],
@@ -133,10 +133,25 @@ def all_reduce(
       >>> ringlet.all_reduce(ringlet.REDUCE_SUM, t)   # on 2 ranks
       tensor([3., 3., 3., 3.])
     """
+    # The common call in the fewest steps: one plain tensor in a list, over
+    # the world, no profiler recording (which the general path reports to).
     if (type(inputs) is list and len(inputs) == 1 and not groups
-            and isinstance(inputs[0], torch.Tensor) and _world_all_reduce(inputs[0], reduce_type)):
-        _apply_scale(inputs[0], scale)  # the common call, in the fewest steps
+            and not _profiler._is_profiler_enabled and _world_all_reduce(inputs[0], reduce_type)):
+        if scale != 1.0:
+            _apply_scale(inputs[0], scale)
         return inputs
+    return _all_reduce(reduce_type, inputs, scale, groups, pin_layout)
+
+
+@_traced
+def _all_reduce(
+    reduce_type: str,
+    inputs: Union[TensorLike, list[TensorLike]],
+    scale: float,
+    groups: Optional[list[list[int]]],
+    pin_layout: bool,
+) -> Union[TensorLike, list[TensorLike]]:
+    """The general path of :func:`all_reduce` (checked, any group)."""
     if world_size() == 1 and not _always_allreduce():
         if isinstance(inputs, (torch.Tensor, np.ndarray)):
             return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs.copy()

@@ -64,7 +64,8 @@ def _dim(dim: int, ndim: int) -> int:
 def _all_reduce_cpu(x: Tensor, reduce_type: str = "sum", scale: float = 1.0) -> Tensor:
     out = x.clone(memory_format=torch.contiguous_format)
     if _world_all_reduce(out, reduce_type):
-        _c._apply_scale(out, scale)
+        if scale != 1.0:
+            _c._apply_scale(out, scale)
     elif _world() > 1:
         _c.all_reduce(reduce_type, [out], scale=scale)
     elif scale != 1.0:
