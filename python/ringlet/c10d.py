@@ -81,6 +81,9 @@ _OPS: dict[Any, str] = {
 
 # Reduce ops the engine runs as they are (AVG and PREMUL_SUM need a step more).
 _SUM = _RED.SUM  # compared first: pybind enum hashing costs more than one ==
+_ANY_DTYPE = ("sum", "mul", "min", "max")  # the others need integer or bool tensors
+_AllreduceOptions = dist.AllreduceOptions
+_STRIDED = torch.strided
 _SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)}
 
 
@@ -557,8 +560,30 @@ class ProcessGroupRinglet(ProcessGroup):
 
     # -- collectives ---------------------------------------------------------
 
-    @_torch_errors
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        # The blocking all_reduce of one plain tensor on a connected one-level
+        # group (what dist.all_reduce does most), inline: the engine call on
+        # this thread when the queue is idle. Everything else: _allreduce.
+        if (type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1
+                and not getattr(opts, "asyncOp", True) and self._comm is not None):
+            t = tensors[0]
+            name = _DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
+            if name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous():
+                op = opts.reduceOp
+                red = "sum" if op == _SUM else _SIMPLE.get(op.op)
+                nb = t.nbytes
+                if (red is not None and (red in _ANY_DTYPE or not t.is_floating_point())
+                        and (self._levels is None or nb < _HIER_MIN_BYTES)):
+                    try:
+                        if self._queue.run_now(functools.partial(
+                                self._comm.all_reduce, t.data_ptr(), nb, name, red)):
+                            return _DONE
+                    except BaseException as e:
+                        raise _DistErrors.convert(e) from None
+        return self._allreduce(tensors, opts)
+
+    @_torch_errors
+    def _allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         if type(opts) is not dist.AllreduceOptions:  # another of torch's call forms
             tensors, opts = _as_list(tensors), _opts(dist.AllreduceOptions, opts)
         op = opts.reduceOp
@@ -588,7 +613,7 @@ class ProcessGroupRinglet(ProcessGroup):
         return self._submit(run, list(tensors), wake=_is_async(opts))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        return self.allreduce(tensors, opts)
+        return self._allreduce(tensors, opts)
 
     @_torch_errors
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
