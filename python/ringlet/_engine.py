@@ -230,15 +230,16 @@ def _flat_world(nbytes: int) -> Any:
     return state.comm
 
 
-def _fits(value: torch.Tensor, output: Any, name: str, nbytes: int, rows: int) -> bool:
-    """Whether ``output`` can take the result as it is: a plain tensor of
-    ``value``'s dtype, ``nbytes`` long, ``rows`` rows and ``value``'s other
-    dimensions, not overlapping ``value``."""
-    if _plain(output) != name or output.nbytes != nbytes:
+def _fits(value: torch.Tensor, output: Any, nbytes: int, rows: int) -> bool:
+    """Whether ``output`` can take the result as it is: a plain contiguous
+    CPU tensor of ``value``'s dtype, ``nbytes`` long, ``rows`` rows and
+    ``value``'s other dimensions, not overlapping ``value``."""
+    if (type(output) is not torch.Tensor or output.dtype is not value.dtype
+            or output.layout is not _STRIDED or not output.is_cpu
+            or not output.is_contiguous() or output.nbytes != nbytes):
         return False
-    if value.dim() != 1 or output.dim() != 1:
-        if output.shape != (rows, *value.shape[1:]):
-            return False
+    if (value.dim() != 1 or output.dim() != 1) and output.shape != (rows, *value.shape[1:]):
+        return False
     return _disjoint(value, output)
 
 
@@ -249,47 +250,49 @@ def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _world_all_gather(value: Any, output: Any) -> Optional[torch.Tensor]:
-    """Fast path of the world all-gather along dim 0 (see _world_all_reduce);
-    returns the output, or None having done nothing."""
-    name = _plain(value)
+    """Fast path of the world all-gather along dim 0, inline as
+    _world_all_reduce; returns the output, or None having done nothing."""
     state = runtime._state
-    if name is None or state is None or value.dim() == 0:
+    if state is None or type(value) is not torch.Tensor or state.world_size == 1:
+        return None
+    name = _DTYPE_NAMES.get(value.dtype)
+    if (name is None or value.layout is not _STRIDED or not value.is_cpu
+            or not value.is_contiguous() or value.dim() == 0):
         return None
     n, nb = state.world_size, value.nbytes
-    comm = _flat_world(nb * n)
-    if comm is None:
+    if state.hier is not None and nb * n >= _HIER_MIN_BYTES:
         return None
-    rows = value.shape[0] * n
     if output is None:
-        output = torch.empty((rows, *value.shape[1:]), dtype=value.dtype)
-    elif not _fits(value, output, name, nb * n, rows):
+        output = torch.empty((value.shape[0] * n, *value.shape[1:]), dtype=value.dtype)
+    elif not _fits(value, output, nb * n, value.shape[0] * n):
         return None
-    comm.all_gather(value.data_ptr(), nb, output.data_ptr(), nb * n, name)
+    state.comm.all_gather(value.data_ptr(), nb, output.data_ptr(), nb * n, name)
     return output
 
 
 def _world_reduce_scatter(
     reduce_type: str, value: Any, scale: float, output: Any
 ) -> Optional[torch.Tensor]:
-    """Fast path of the world reduce-scatter along dim 0 (see
-    _world_all_reduce); returns the output, or None having done nothing."""
-    name = _plain(value)
-    if name is None or reduce_type not in _REDUCE_TYPES or value.dim() == 0:
+    """Fast path of the world reduce-scatter along dim 0, inline as
+    _world_all_reduce; returns the output, or None having done nothing."""
+    state = runtime._state
+    if (state is None or type(value) is not torch.Tensor or state.world_size == 1
+            or reduce_type not in _REDUCE_TYPES):
         return None
-    nb = value.nbytes
-    comm = _flat_world(nb)
-    if comm is None:
+    name = _DTYPE_NAMES.get(value.dtype)
+    if (name is None or value.layout is not _STRIDED or not value.is_cpu
+            or not value.is_contiguous() or value.dim() == 0):
         return None
-    n = runtime._state.world_size  # type: ignore[union-attr]
-    rows = value.shape[0]
-    if rows % n:
+    n, nb, rows = state.world_size, value.nbytes, value.shape[0]
+    if rows % n or (state.hier is not None and nb >= _HIER_MIN_BYTES):
         return None
     if output is None:
         output = torch.empty((rows // n, *value.shape[1:]), dtype=value.dtype)
-    elif not _fits(value, output, name, nb // n, rows // n):
+    elif not _fits(value, output, nb // n, rows // n):
         return None
-    comm.reduce_scatter(value.data_ptr(), nb, output.data_ptr(), nb // n, name, reduce_type)
-    _apply_scale(output, scale)
+    state.comm.reduce_scatter(value.data_ptr(), nb, output.data_ptr(), nb // n, name, reduce_type)
+    if scale != 1.0:
+        _apply_scale(output, scale)
     return output
 
 

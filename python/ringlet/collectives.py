@@ -218,7 +218,6 @@ def _gather_one(
     return result
 
 
-@_traced
 def all_gather(
     value: Union[torch.Tensor, list[torch.Tensor]],
     dim: int = 0,
@@ -246,10 +245,22 @@ def all_gather(
       >>> ringlet.all_gather(t)     # on 2 ranks
       tensor([0, 1])
     """
-    if not groups and dim == 0:  # the common call, in the fewest steps
-        fast = _world_all_gather(value, output)
+    if not groups and dim == 0 and not _profiler._is_profiler_enabled:
+        fast = _world_all_gather(value, output)  # the common call, in the fewest steps
         if fast is not None:
             return fast
+    return _all_gather(value, dim, groups, output, pin_layout)
+
+
+@_traced
+def _all_gather(
+    value: Union[torch.Tensor, list[torch.Tensor]],
+    dim: int,
+    groups: Optional[list[list[int]]],
+    output: Optional[Union[torch.Tensor, list[torch.Tensor]]],
+    pin_layout: bool,
+) -> Union[torch.Tensor, list[torch.Tensor]]:
+    """The general path of :func:`all_gather` (checked, any group or dim)."""
     _check_equal_groups(groups)
     if isinstance(value, (torch.Tensor, np.ndarray)):
         value = _as_tensor(value, "value")
@@ -345,7 +356,6 @@ def _scatter_one(
     return result.contiguous()
 
 
-@_traced
 def reduce_scatter(
     reduce_type: str,
     input: Union[torch.Tensor, list[torch.Tensor]],
@@ -378,10 +388,28 @@ def reduce_scatter(
       >>> ringlet.reduce_scatter(ringlet.REDUCE_SUM, x, 1.0, 0, 2)
       tensor([0., 2.])                    # rank 0; rank 1 gets tensor([4., 6.])
     """
-    if not groups and scatter_dim == 0 and shard_count == runtime._world_count():
+    if (not groups and scatter_dim == 0 and shard_count == runtime._world_count()
+            and not _profiler._is_profiler_enabled):
         fast = _world_reduce_scatter(reduce_type, input, scale, output)
         if fast is not None:  # the common call, in the fewest steps
             return fast
+    return _reduce_scatter(
+        reduce_type, input, scale, scatter_dim, shard_count, groups, output, pin_layout
+    )
+
+
+@_traced
+def _reduce_scatter(
+    reduce_type: str,
+    input: Union[torch.Tensor, list[torch.Tensor]],
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: Optional[list[list[int]]],
+    output: Optional[Union[torch.Tensor, list[torch.Tensor]]],
+    pin_layout: bool,
+) -> Union[torch.Tensor, list[torch.Tensor]]:
+    """The general path of :func:`reduce_scatter` (checked, any group or dim)."""
     reduce_type = _check_reduce_type(reduce_type)
     _check_equal_groups(groups)
     if isinstance(input, (torch.Tensor, np.ndarray)):
@@ -409,7 +437,6 @@ def reduce_scatter(
     )
 
 
-@_traced
 def collective_broadcast(
     tensors: list[torch.Tensor],
     root_ordinal: int = 0,
@@ -433,9 +460,20 @@ def collective_broadcast(
       >>> t
       tensor([1., 1.])
     """
-    if not groups and type(tensors) is list and len(tensors) == 1:
-        if _world_broadcast(tensors[0], root_ordinal):
-            return  # the common call, in the fewest steps
+    if (not groups and type(tensors) is list and len(tensors) == 1
+            and not _profiler._is_profiler_enabled and _world_broadcast(tensors[0], root_ordinal)):
+        return  # the common call, in the fewest steps
+    _collective_broadcast(tensors, root_ordinal, groups, pin_layout)
+
+
+@_traced
+def _collective_broadcast(
+    tensors: list[torch.Tensor],
+    root_ordinal: int,
+    groups: Optional[list[list[int]]],
+    pin_layout: bool,
+) -> None:
+    """The general path of :func:`collective_broadcast` (checked, any group)."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"rank {_rank()}: tensors must be a list of tensors")
     if world_size() == 1:
