@@ -321,10 +321,59 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     with pytest.raises(TypeError, match="dtype") as e:
         dist.all_reduce(torch.zeros(2, dtype=torch.uint32))
     assert isinstance(e.value, RuntimeError)
-    with pytest.raises(RuntimeError, match="any source"):
-        dist.recv(torch.empty(1))
+    _any_source(rank, world, gloo)
     dist.destroy_process_group()
     return "ok"
+
+
+def _any_source(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
+    """dist.recv / irecv without a source, on the ringlet group and on gloo's:
+    rank 0 takes one message from every other rank in whatever order they
+    come, then (after a barrier, so each sender has exactly one message in
+    flight) a large one from each through irecv; plus a tagged message."""
+    for group in (None, gloo):
+        if rank == 0:
+            seen = []
+            for _ in range(world - 1):
+                t = torch.zeros(3)
+                src = dist.recv(t, group=group)
+                assert t.tolist() == [float(src)] * 3, (src, t)
+                seen.append(src)
+            assert sorted(seen) == list(range(1, world)), seen
+            dist.barrier(group=group)
+            seen = []
+            for _ in range(world - 1):
+                t = torch.zeros(300_000)  # 1.2 MB: past the eager-send size
+                w = dist.irecv(t, group=group)
+                w.wait()
+                src = w._source_rank()
+                assert float(t[0]) == float(t[-1]) == src + 0.5, (src, t[0], t[-1])
+                seen.append(src)
+            assert sorted(seen) == list(range(1, world)), seen
+            dist.barrier(group=group)
+            t = torch.zeros(2, dtype=torch.int64)
+            assert dist.recv(t, group=group, tag=7) == world - 1
+            assert t.tolist() == [7, world - 1]
+        else:
+            dist.send(torch.full((3,), float(rank)), 0, group=group)
+            dist.barrier(group=group)
+            dist.send(torch.full((300_000,), rank + 0.5), 0, group=group)
+            dist.barrier(group=group)
+            if rank == world - 1:
+                dist.send(torch.tensor([7, rank]), 0, group=group, tag=7)
+
+
+def _any_source_job(rank: int, world: int, port: int) -> str:
+    _init(rank, world, port)
+    gloo = dist.new_group(backend="gloo")
+    _any_source(rank, world, gloo)
+    dist.destroy_process_group()
+    return "ok"
+
+
+def test_receive_from_any_source_over_tcp() -> None:
+    out = launch(3, _any_source_job, free_port(), init=False, timeout=120, transport="tcp")
+    assert out == {r: "ok" for r in range(3)}
 
 
 @pytest.mark.parametrize("world", [2, 4])

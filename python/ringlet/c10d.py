@@ -357,6 +357,8 @@ class ProcessGroupRinglet(ProcessGroup):
         self._lock = threading.Lock()
         self._queue = _core.Progress("ringlet-pg")
         self._p2p: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._any: Any = None  # the queue of receives from any source (made on first use)
+        self._any_next = 0  # the rank an any-source receive looks at first (round robin)
         self._name = ""
         self._desc = ""
         self._coalescing: Optional[list[Work]] = None
@@ -1065,7 +1067,9 @@ class ProcessGroupRinglet(ProcessGroup):
         src, tag = self._peer(srcRank, "receive from"), self._tag(tag)
         t = self._tensor(tensors[0], "recv tensor")
         queue, slot = self._channel(src, self._rank)
+        return self._submit(self._recv_job(src, t, tag, slot), list(tensors), queue, source=src)
 
+    def _recv_job(self, src: int, t: torch.Tensor, tag: int, slot: list[Any]) -> Callable[[], None]:
         def run() -> None:
             dense, back = self._dense([t])
             self._pair(src, self._rank, slot).recv(
@@ -1073,14 +1077,83 @@ class ProcessGroupRinglet(ProcessGroup):
             )
             back()
 
-        return self._submit(run, list(tensors), queue, source=src)
+        return run
 
     @_torch_errors
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
-        raise RuntimeError(
-            f"{self._where()}: ringlet does not receive from any source (recv with src=None); "
-            "name the source rank"
-        )
+        """Receives the next message sent to this rank by any rank of the group
+        (``dist.recv(t)`` without ``src``); ``Work._source_rank()`` names the
+        sender. The job watches every incoming direction without taking part
+        in it: a sender that has started a message on a connected pair (its
+        phase is ahead, or its stream has bytes), or that is connecting one
+        (its address is in the store); then it receives from that sender in
+        that direction's order. Directions with receives of their own still
+        queued are skipped (those receives take their messages first)."""
+        tag = self._tag(tag)
+        t = self._tensor(_as_list(tensors)[0], "recv tensor")
+        with self._lock:
+            if self._any is None:
+                self._any = _core.Progress("ringlet-p2p-any")
+            queue = self._any
+        work = Work(queue, list(_as_list(tensors)), self._timeout)
+
+        def run() -> None:
+            src = self._next_sender()
+            work._source = src
+            q, slot = self._channel(src, self._rank)
+            receive, failed = self._recv_job(src, t, tag, slot), []
+
+            def inner() -> None:  # in that direction's order; its error comes back here
+                try:
+                    receive()
+                except BaseException as e:
+                    failed.append(e)
+
+            if not q.wait(q.submit(inner, True), self._timeout):
+                raise errors.CollectiveTimeoutError(
+                    f"{self._where()}: receiving from rank {self._members[src]} (any source) "
+                    f"timed out after {self._timeout:g}s"
+                )
+            if failed:
+                raise failed[0]
+
+        work._ticket = queue.submit(work._run(run), True)
+        return work
+
+    def _next_sender(self) -> int:
+        """The group rank of a sender with a message for this rank, polling
+        (backing off to 1 ms) until one appears or the timeout passes."""
+        import time
+
+        me, n = self._rank, self._size
+        deadline = time.monotonic() + self._timeout
+        pause = 1e-5
+        start = self._any_next
+        while True:
+            for k in range(n):
+                src = (start + k) % n
+                if src == me:
+                    continue
+                queue, slot = self._channel(src, me)
+                if queue.pending():
+                    continue
+                pair = slot[0]
+                if pair is None:
+                    ready = self._store.check([f"{self._key}/p2p/{src}-{me}/peer/0"])
+                else:
+                    ready = pair.peer_waiting(0)  # the sender is rank 0 of the pair
+                if ready:
+                    self._any_next = (src + 1) % n
+                    return src
+            if self._closed:
+                raise self._destroyed()
+            if time.monotonic() > deadline:
+                raise errors.CollectiveTimeoutError(
+                    f"{self._where()}: no rank sent a message to rank {self._members[me]} "
+                    f"within {self._timeout:g}s (receive from any source)"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
     # -- coalescing, lifetime ------------------------------------------------
 
@@ -1116,6 +1189,8 @@ class ProcessGroupRinglet(ProcessGroup):
         if self._levels is not None:
             self._levels.local.close()
             self._levels.cross.close()
+        if self._any is not None:
+            self._any.close()
 
     def abort(self) -> None:
         """Gives up on the group at once (as ``ncclCommAbort``): a blocked

@@ -276,6 +276,25 @@ impl Communicator {
         })
     }
 
+    /// Whether `peer` has started an operation this rank has not joined
+    /// yet (on a two-rank communicator: a message is waiting), without
+    /// blocking: over shared memory its phase is ahead of ours, over TCP its
+    /// stream has bytes for us (or closed: the operation then names it).
+    pub fn peer_waiting(&self, peer: usize) -> Result<bool> {
+        if peer >= self.size() || peer == self.rank {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: peer_waiting: {peer} is not another rank of this {}-rank group",
+                self.rank,
+                self.size()
+            )));
+        }
+        Ok(match &self.link {
+            Link::Local => false,
+            Link::Shm { shm, .. } => shm.peer_ahead(peer),
+            Link::Tcp(mesh) => mesh.fd(peer).is_some_and(crate::sys::readable),
+        })
+    }
+
     /// True once a fatal error (a lost or late peer) has made the
     /// communicator unusable.
     pub fn failed(&self) -> bool {

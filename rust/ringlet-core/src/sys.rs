@@ -203,6 +203,18 @@ pub fn stream_closed(fd: RawFd) -> bool {
     n > 0 && (p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL)) != 0
 }
 
+/// Whether `fd` has bytes to read (or is closed) right now; never blocks.
+pub fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents != 0
+}
+
 /// Waits until some of `fds` are ready for the requested events or `timeout`
 /// passes. Returns the pollfds with `revents` filled in.
 pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> Result<()> {

@@ -405,6 +405,12 @@ impl Communicator {
         self.with(py, |c| c.barrier())
     }
 
+    /// Whether `peer` started an operation this rank has not joined yet (a
+    /// message waiting on a two-rank communicator); never blocks on the peer.
+    fn peer_waiting(&self, py: Python<'_>, peer: usize) -> PyResult<bool> {
+        self.with(py, move |c| c.peer_waiting(peer))
+    }
+
     /// True when a fatal error made the communicator unusable, or it was
     /// closed.
     fn failed(&self, py: Python<'_>) -> bool {

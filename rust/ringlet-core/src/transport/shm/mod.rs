@@ -218,6 +218,13 @@ impl ShmGroup {
         }
     }
 
+    /// Whether `peer` has signalled a phase beyond ours: it started an
+    /// operation this rank has not joined yet. Never blocks.
+    pub fn peer_ahead(&self, peer: usize) -> bool {
+        let v = self.seg.ctl(peer).counter.load(Ordering::Acquire);
+        (v.wrapping_sub(self.counter) as i32) > 0
+    }
+
     /// Waits until every peer has reached our current phase.
     pub fn wait_all(&self, op: &'static str) -> Result<()> {
         for peer in (0..self.size).filter(|&p| p != self.rank) {
