@@ -431,6 +431,10 @@ def test_init_destroy_init_beside_ringlet_init(tmp_path) -> None:
 
 def _dead_peer_job(rank: int, world: int, port: int) -> str:
     _init(rank, world, port)
+    if rank == 0:  # receives from any source connect every sender's direction
+        assert sorted(dist.recv(torch.zeros(1)) for _ in range(world - 1)) == [1, 2]
+    else:
+        dist.send(torch.ones(1), 0)
     t = torch.ones(1 << 16)
     dist.all_reduce(t)
     # a dtype mismatch raises on every rank and leaves the group usable
@@ -450,6 +454,9 @@ def _dead_peer_job(rank: int, world: int, port: int) -> str:
         fut.wait()
     with pytest.raises(RuntimeError):  # the group stays failed, with an error, not a hang
         dist.all_reduce(t)
+    if rank == 0:  # a receive from any source names the dead sender instead of waiting
+        with pytest.raises(RuntimeError, match=f"rank {world - 1}"):
+            dist.recv(torch.zeros(1))
     return str(e.value)
 
 

@@ -279,7 +279,9 @@ impl Communicator {
     /// Whether `peer` has started an operation this rank has not joined
     /// yet (on a two-rank communicator: a message is waiting), without
     /// blocking: over shared memory its phase is ahead of ours, over TCP its
-    /// stream has bytes for us (or closed: the operation then names it).
+    /// stream has bytes for us. Also true when the peer is gone (its process
+    /// exited, or it gave up), so that the operation joined next fails at
+    /// once naming it.
     pub fn peer_waiting(&self, peer: usize) -> Result<bool> {
         if peer >= self.size() || peer == self.rank {
             return Err(Error::InvalidArgument(format!(

@@ -218,11 +218,12 @@ impl ShmGroup {
         }
     }
 
-    /// Whether `peer` has signalled a phase beyond ours: it started an
-    /// operation this rank has not joined yet. Never blocks.
+    /// Whether `peer` has signalled a phase beyond ours (it started an
+    /// operation this rank has not joined yet) or will never take part again
+    /// (the operation joined next then fails at once, naming it). Never blocks.
     pub fn peer_ahead(&self, peer: usize) -> bool {
         let v = self.seg.ctl(peer).counter.load(Ordering::Acquire);
-        (v.wrapping_sub(self.counter) as i32) > 0
+        (v.wrapping_sub(self.counter) as i32) > 0 || self.peer_gone(peer, "recv").is_some()
     }
 
     /// Waits until every peer has reached our current phase.
