@@ -351,14 +351,20 @@ def _any_source(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
                 seen.append(src)
             assert sorted(seen) == list(range(1, world)), seen
             dist.barrier(group=group)
+            # a receive for tag 7 passes over rank 1's waiting tag-0 message
             t = torch.zeros(2, dtype=torch.int64)
             assert dist.recv(t, group=group, tag=7) == world - 1
             assert t.tolist() == [7, world - 1]
+            if world > 2:
+                assert dist.recv(t, group=group) == 1
+                assert t.tolist() == [0, 1]
         else:
             dist.send(torch.full((3,), float(rank)), 0, group=group)
             dist.barrier(group=group)
             dist.send(torch.full((300_000,), rank + 0.5), 0, group=group)
             dist.barrier(group=group)
+            if rank == 1 and world > 2:
+                dist.send(torch.tensor([0, 1]), 0, group=group)
             if rank == world - 1:
                 dist.send(torch.tensor([7, rank]), 0, group=group, tag=7)
 

@@ -445,20 +445,27 @@ class ProcessGroupRinglet(ProcessGroup):
             if ch is None:
                 if self._closed:
                     raise self._destroyed()
-                ch = (_core.Progress("ringlet-p2p"), [None, None])  # [communicator, error]
+                # [communicator, error of an eager send, lock for connecting]
+                ch = (_core.Progress("ringlet-p2p"), [None, None, threading.Lock()])
                 self._p2p[(src, dst)] = ch
         return ch
 
     def _pair(self, src: int, dst: int, slot: list[Any]) -> Any:
+        """The two-rank communicator of messages from ``src`` to ``dst``,
+        connected on first use (once, whichever thread asks first: that
+        direction's queue, or a receive from any source)."""
         if slot[0] is None:
-            me = 0 if self._rank == src else 1
-            pair = [self._members[src], self._members[dst]]
-            slot[0], _ = runtime._connect(
-                self._store, f"{self._key}/p2p/{src}-{dst}", me, 2, self._addr(),
-                self._timeout, members=pair,
-                name=f"messages from rank {pair[0]} to rank {pair[1]} in {self._title()}",
-                domain=self._domain,
-            )
+            with slot[2]:
+                if slot[0] is None:
+                    me = 0 if self._rank == src else 1
+                    pair = [self._members[src], self._members[dst]]
+                    slot[0], _ = runtime._connect(
+                        self._store, f"{self._key}/p2p/{src}-{dst}", me, 2, self._addr(),
+                        self._timeout, members=pair,
+                        name=f"messages from rank {pair[0]} to rank {pair[1]} in "
+                             f"{self._title()}",
+                        domain=self._domain,
+                    )
         return slot[0]
 
     def _submit(
@@ -1081,14 +1088,16 @@ class ProcessGroupRinglet(ProcessGroup):
 
     @_torch_errors
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
-        """Receives the next message sent to this rank by any rank of the group
-        (``dist.recv(t)`` without ``src``); ``Work._source_rank()`` names the
-        sender. The job watches every incoming direction without taking part
-        in it: a sender that has started a message on a connected pair (its
-        phase is ahead, or its stream has bytes), or that is connecting one
-        (its address is in the store); then it receives from that sender in
-        that direction's order. Directions with receives of their own still
-        queued are skipped (those receives take their messages first)."""
+        """Receives the next message with ``tag`` sent to this rank by any rank
+        of the group (``dist.recv(t)`` without ``src``); ``Work._source_rank()``
+        names the sender. The job watches every incoming direction without
+        taking part in it: the descriptor of a message a sender has started
+        (readable in shared memory once its phase runs ahead, or waiting in
+        its TCP stream), connecting directions whose senders are connecting
+        (their address is in the store); then it receives from the first
+        sender whose next message has ``tag``, in that direction's order.
+        Directions with receives of their own still queued are skipped (those
+        receives take their messages first)."""
         tag = self._tag(tag)
         t = self._tensor(_as_list(tensors)[0], "recv tensor")
         with self._lock:
@@ -1098,7 +1107,7 @@ class ProcessGroupRinglet(ProcessGroup):
         work = Work(queue, list(_as_list(tensors)), self._timeout)
 
         def run() -> None:
-            src = self._next_sender()
+            src = self._next_sender(tag)
             work._source = src
             q, slot = self._channel(src, self._rank)
             receive, failed = self._recv_job(src, t, tag, slot), []
@@ -1120,9 +1129,12 @@ class ProcessGroupRinglet(ProcessGroup):
         work._ticket = queue.submit(work._run(run), True)
         return work
 
-    def _next_sender(self) -> int:
-        """The group rank of a sender with a message for this rank, polling
-        (backing off to 1 ms) until one appears or the timeout passes."""
+    def _next_sender(self, tag: int) -> int:
+        """The group rank of a sender whose next message for this rank has
+        ``tag``, polling (backing off to 1 ms) until one appears or the
+        timeout passes. Messages with other tags are left for the receives
+        that name them; a direction whose sender is still connecting is
+        connected here, so that its first message can be looked at too."""
         import time
 
         me, n = self._rank, self._size
@@ -1135,22 +1147,23 @@ class ProcessGroupRinglet(ProcessGroup):
                 if src == me:
                     continue
                 queue, slot = self._channel(src, me)
-                if queue.pending():
+                if queue.pending():  # receives from src queued earlier go first
                     continue
                 pair = slot[0]
                 if pair is None:
-                    ready = self._store.check([f"{self._key}/p2p/{src}-{me}/peer/0"])
-                else:
-                    ready = pair.peer_waiting(0)  # the sender is rank 0 of the pair
-                if ready:
+                    if not self._store.check([f"{self._key}/p2p/{src}-{me}/peer/0"]):
+                        continue
+                    pair = self._pair(src, me, slot)  # the sender is connecting
+                msg = pair.pending_message(0)  # the sender is rank 0 of the pair
+                if msg is not None and msg[0] == tag:
                     self._any_next = (src + 1) % n
                     return src
             if self._closed:
                 raise self._destroyed()
             if time.monotonic() > deadline:
                 raise errors.CollectiveTimeoutError(
-                    f"{self._where()}: no rank sent a message to rank {self._members[me]} "
-                    f"within {self._timeout:g}s (receive from any source)"
+                    f"{self._where()}: no rank sent a message with tag {tag} to rank "
+                    f"{self._members[me]} within {self._timeout:g}s (receive from any source)"
                 )
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)

@@ -276,25 +276,40 @@ impl Communicator {
         })
     }
 
-    /// Whether `peer` has started an operation this rank has not joined
-    /// yet (on a two-rank communicator: a message is waiting), without
-    /// blocking: over shared memory its phase is ahead of ours, over TCP its
-    /// stream has bytes for us. Also true when the peer is gone (its process
-    /// exited, or it gave up), so that the operation joined next fails at
-    /// once naming it.
-    pub fn peer_waiting(&self, peer: usize) -> Result<bool> {
-        if peer >= self.size() || peer == self.rank {
+    /// The message `peer` has started sending on this two-rank communicator
+    /// that this rank has not received yet, as `(tag, element count,
+    /// dtype)`, or `None` when there is none; never blocks on the peer. Over
+    /// shared memory the sender's phase runs ahead and its descriptor is
+    /// readable; over TCP the descriptor waits in the stream (read without
+    /// consuming it). A peer that is gone, or an operation that is not a
+    /// message, is an error naming it (the error a receive would raise).
+    pub fn pending_message(&self, peer: usize) -> Result<Option<(u64, u64, DType)>> {
+        if self.size() != 2 || peer >= 2 || peer == self.rank {
             return Err(Error::InvalidArgument(format!(
-                "rank {}: peer_waiting: {peer} is not another rank of this {}-rank group",
-                self.rank,
-                self.size()
+                "rank {}: pending_message: {peer} is not the other rank of a two-rank group",
+                self.rank
             )));
         }
-        Ok(match &self.link {
-            Link::Local => false,
-            Link::Shm { shm, .. } => shm.peer_ahead(peer),
-            Link::Tcp(mesh) => mesh.fd(peer).is_some_and(crate::sys::readable),
-        })
+        let desc = match &self.link {
+            Link::Local => Ok(None),
+            Link::Shm { shm, .. } => shm.peer_next(peer, "recv"),
+            Link::Tcp(mesh) => mesh.peek_desc(peer, "recv"),
+        }
+        .map_err(|e| e.globalize(&self.cfg.members, &self.cfg.name, "recv"))?;
+        let Some(d) = desc else {
+            return Ok(None);
+        };
+        if d.kind != OpKind::SendRecv || (d.root & 1) as usize != peer {
+            return Err(Error::Mismatch {
+                rank: self.global(self.rank),
+                detail: format!(
+                    "rank {} started {} where this rank waits for a message",
+                    self.global(peer),
+                    d.kind.name()
+                ),
+            });
+        }
+        Ok(Some((d.root >> 1, d.count, d.dtype)))
     }
 
     /// True once a fatal error (a lost or late peer) has made the

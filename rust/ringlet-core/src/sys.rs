@@ -203,16 +203,23 @@ pub fn stream_closed(fd: RawFd) -> bool {
     n > 0 && (p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL)) != 0
 }
 
-/// Whether `fd` has bytes to read (or is closed) right now; never blocks.
-pub fn readable(fd: RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
+/// Copies up to `buf.len()` bytes waiting on `fd` without consuming them;
+/// never blocks (0: the peer closed the stream; `WouldBlock`: nothing yet).
+pub fn peek_now(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable slice for the call; the kernel
+    // validates `fd`.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_PEEK,
+        )
     };
-    // SAFETY: one valid pollfd, zero timeout.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents != 0
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// Waits until some of `fds` are ready for the requested events or `timeout`

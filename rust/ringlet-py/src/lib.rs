@@ -405,10 +405,17 @@ impl Communicator {
         self.with(py, |c| c.barrier())
     }
 
-    /// Whether `peer` started an operation this rank has not joined yet (a
-    /// message waiting on a two-rank communicator); never blocks on the peer.
-    fn peer_waiting(&self, py: Python<'_>, peer: usize) -> PyResult<bool> {
-        self.with(py, move |c| c.peer_waiting(peer))
+    /// The message `peer` has started sending on this two-rank communicator
+    /// and this rank has not received: `(tag, element count, dtype name)`,
+    /// or None; raises what a receive would raise when the peer is gone.
+    /// Never blocks on the peer.
+    fn pending_message(
+        &self,
+        py: Python<'_>,
+        peer: usize,
+    ) -> PyResult<Option<(u64, u64, &'static str)>> {
+        let got = self.with(py, move |c| c.pending_message(peer))?;
+        Ok(got.map(|(tag, count, d)| (tag, count, d.name())))
     }
 
     /// True when a fatal error made the communicator unusable, or it was

@@ -218,12 +218,31 @@ impl ShmGroup {
         }
     }
 
-    /// Whether `peer` has signalled a phase beyond ours (it started an
-    /// operation this rank has not joined yet) or will never take part again
-    /// (the operation joined next then fails at once, naming it). Never blocks.
-    pub fn peer_ahead(&self, peer: usize) -> bool {
-        let v = self.seg.ctl(peer).counter.load(Ordering::Acquire);
-        (v.wrapping_sub(self.counter) as i32) > 0 || self.peer_gone(peer, "recv").is_some()
+    /// The descriptor of the operation `peer` has started beyond ours (its
+    /// phase is ahead): `Ok(None)` when it has not; an error when it will
+    /// never take part again or published garbage. Never blocks.
+    pub fn peer_next(&self, peer: usize, op: &'static str) -> Result<Option<OpDesc>> {
+        if let Some(e) = self.peer_gone(peer, op) {
+            return Err(e);
+        }
+        let c = self.seg.ctl(peer);
+        let v = c.counter.load(Ordering::Acquire);
+        if (v.wrapping_sub(self.counter) as i32) <= 0 {
+            return Ok(None);
+        }
+        // The peer wrote its descriptor for our next sequence number before
+        // the phase we just saw.
+        let mut w = [0u64; DESC_WORDS];
+        for (x, slot) in w
+            .iter_mut()
+            .zip(&c.desc[(self.seq.wrapping_add(1) % 2) as usize])
+        {
+            *x = slot.load(Ordering::Acquire);
+        }
+        OpDesc::decode(&w).map(Some).ok_or_else(|| Error::Mismatch {
+            rank: self.rank,
+            detail: format!("rank {peer} published an unreadable operation descriptor"),
+        })
     }
 
     /// Waits until every peer has reached our current phase.

@@ -272,6 +272,40 @@ impl TcpMesh {
         &self.wire
     }
 
+    /// The descriptor `peer` has sent for an operation this rank has not
+    /// joined yet, read without consuming it: `Ok(None)` while fewer bytes
+    /// than a descriptor wait; an error when the stream is closed or the
+    /// bytes are not a descriptor. Never blocks.
+    pub fn peek_desc(&self, peer: usize, op: &'static str) -> Result<Option<OpDesc>> {
+        let fd = self.stream(peer)?.as_raw_fd();
+        let mut b = [0u8; DESC_WORDS * 8];
+        let n = match crate::sys::peek_now(fd, &mut b) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(Error::io("peeking at a peer's message", e)),
+        };
+        if n == 0 {
+            return Err(Error::lost(
+                self.rank,
+                peer,
+                op,
+                crate::error::Cause::Exited,
+                "",
+            ));
+        }
+        if n < b.len() {
+            return Ok(None);
+        }
+        let mut w = [0u64; DESC_WORDS];
+        for (x, c) in w.iter_mut().zip(b.chunks_exact(8)) {
+            *x = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+        }
+        OpDesc::decode(&w).map(Some).ok_or_else(|| Error::Mismatch {
+            rank: self.rank,
+            detail: format!("rank {peer} sent an unreadable operation descriptor"),
+        })
+    }
+
     /// Raw fd of the stream to `peer` (for liveness checks).
     pub fn fd(&self, peer: usize) -> Option<RawFd> {
         self.streams.get(peer)?.as_ref().map(|s| s.as_raw_fd())
