@@ -196,3 +196,49 @@ fn send_recv_needs_a_pair() {
     let e = one[0].send(&[0u8; 4], DType::U8, 0, 0).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
 }
+
+#[test]
+fn pending_message_shows_the_waiting_message_without_taking_it() {
+    for (name, cfg) in modes() {
+        let mut comms = local_group(2, &cfg).unwrap();
+        run_ranks(&mut comms, |r, c| {
+            if r == 0 {
+                c.send(bytemuck::cast_slice(&[1.5f32, 2.5, 3.5]), DType::F32, 1, 9)
+                    .unwrap();
+                c.send(bytemuck::cast_slice(&[7i64]), DType::I64, 1, 4)
+                    .unwrap();
+                return;
+            }
+            assert!(c.pending_message(1).is_err(), "{name}: not a peer");
+            // Poll (without blocking the sender) until the first message shows.
+            let first = loop {
+                if let Some(m) = c.pending_message(0).unwrap() {
+                    break m;
+                }
+                std::thread::yield_now();
+            };
+            assert_eq!(first, (9, 3, DType::F32), "{name}");
+            assert_eq!(
+                c.pending_message(0).unwrap(),
+                Some(first),
+                "{name}: not consumed"
+            );
+            let mut got = [0f32; 3];
+            c.recv(bytemuck::cast_slice_mut(&mut got), DType::F32, 0, 9)
+                .unwrap();
+            assert_eq!(got, [1.5, 2.5, 3.5], "{name}");
+            let second = loop {
+                if let Some(m) = c.pending_message(0).unwrap() {
+                    break m;
+                }
+                std::thread::yield_now();
+            };
+            assert_eq!(second, (4, 1, DType::I64), "{name}");
+            let mut v = [0i64];
+            c.recv(bytemuck::cast_slice_mut(&mut v), DType::I64, 0, 4)
+                .unwrap();
+            assert_eq!(v, [7], "{name}");
+            assert_eq!(c.pending_message(0).unwrap(), None, "{name}: nothing left");
+        });
+    }
+}
