@@ -322,6 +322,7 @@ def _ops_job(rank: int, world: int, port: int) -> str:
         dist.all_reduce(torch.zeros(2, dtype=torch.uint32))
     assert isinstance(e.value, RuntimeError)
     _any_source(rank, world, gloo)
+    _tags_out_of_order(rank, world, gloo)
     dist.destroy_process_group()
     return "ok"
 
@@ -369,10 +370,30 @@ def _any_source(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
                 dist.send(torch.tensor([7, rank]), 0, group=group, tag=7)
 
 
+def _tags_out_of_order(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
+    """Rank 0 isends tags 1, 2, 3, a 2 MB message with tag 4 (past the eager
+    size) and tag 5 to rank 1, which receives 3, 1, 2, 5, 4: later messages
+    with the tag asked for overtake, on ringlet as on gloo."""
+    for group in (None, gloo):
+        if rank == 0:
+            sizes = {1: 4, 2: 4, 3: 4, 4: 500_000, 5: 2}
+            works = [dist.isend(torch.full((n,), float(tag)), 1, group=group, tag=tag)
+                     for tag, n in sizes.items()]
+            for w in works:
+                w.wait()
+        elif rank == 1:
+            for tag, n in ((3, 4), (1, 4), (2, 4), (5, 2), (4, 500_000)):
+                t = torch.zeros(n)
+                dist.recv(t, 0, group=group, tag=tag)
+                assert float(t.min()) == float(t.max()) == float(tag), (tag, t)
+        dist.barrier(group=group)
+
+
 def _any_source_job(rank: int, world: int, port: int) -> str:
     _init(rank, world, port)
     gloo = dist.new_group(backend="gloo")
     _any_source(rank, world, gloo)
+    _tags_out_of_order(rank, world, gloo)
     dist.destroy_process_group()
     return "ok"
 

@@ -80,6 +80,7 @@ _OPS: dict[Any, str] = {
 
 
 # Reduce ops the engine runs as they are (AVG and PREMUL_SUM need a step more).
+_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 _SUM = _RED.SUM  # compared first: pybind enum hashing costs more than one ==
 _ANY_DTYPE = ("sum", "mul", "min", "max")  # the others need integer or bool tensors
 _AllreduceOptions = dist.AllreduceOptions
@@ -445,8 +446,9 @@ class ProcessGroupRinglet(ProcessGroup):
             if ch is None:
                 if self._closed:
                     raise self._destroyed()
-                # [communicator, error of an eager send, lock for connecting]
-                ch = (_core.Progress("ringlet-p2p"), [None, None, threading.Lock()])
+                # [communicator, error of an eager send, lock for connecting,
+                #  messages received ahead of their receive: tag -> [tensors]]
+                ch = (_core.Progress("ringlet-p2p"), [None, None, threading.Lock(), {}])
                 self._p2p[(src, dst)] = ch
         return ch
 
@@ -1077,11 +1079,35 @@ class ProcessGroupRinglet(ProcessGroup):
         return self._submit(self._recv_job(src, t, tag, slot), list(tensors), queue, source=src)
 
     def _recv_job(self, src: int, t: torch.Tensor, tag: int, slot: list[Any]) -> Callable[[], None]:
+        """Receives the next message with ``tag`` from ``src`` into ``t``.
+        Messages between two ranks arrive in send order; one with another
+        tag that comes first is received aside (its size is in its
+        descriptor) and kept for the receive that names its tag, as gloo's
+        and MPI's tag matching lets later messages overtake."""
         def run() -> None:
             dense, back = self._dense([t])
-            self._pair(src, self._rank, slot).recv(
-                dense[0].data_ptr(), dense[0].nbytes, _check(dense[0], "recv tensor"), 0, tag
-            )
+            name = _check(dense[0], "recv tensor")
+            kept = slot[3].get(tag)
+            if kept:
+                msg = kept.pop(0)
+                if msg.numel() != dense[0].numel() or msg.dtype != dense[0].dtype:
+                    raise errors.CollectiveMismatchError(
+                        f"{self._where()}: rank {self._members[src]} sent a message of "
+                        f"{msg.numel()} x {msg.dtype} with tag {tag}, but this receive takes "
+                        f"{dense[0].numel()} x {dense[0].dtype}"
+                    )
+                dense[0].view(-1).copy_(msg.view(-1))
+                back()
+                return
+            pair = self._pair(src, self._rank, slot)
+            while True:
+                mtag, count, dtype = pair.wait_message(0)  # the sender is rank 0
+                if mtag == tag:
+                    break
+                aside = torch.empty(count, dtype=_DTYPE_BY_NAME[dtype])
+                pair.recv(aside.data_ptr(), aside.nbytes, dtype, 0, mtag)
+                slot[3].setdefault(mtag, []).append(aside)
+            pair.recv(dense[0].data_ptr(), dense[0].nbytes, name, 0, tag)
             back()
 
         return run
@@ -1149,6 +1175,9 @@ class ProcessGroupRinglet(ProcessGroup):
                 queue, slot = self._channel(src, me)
                 if queue.pending():  # receives from src queued earlier go first
                     continue
+                if slot[3].get(tag):  # received aside earlier, waiting for this tag
+                    self._any_next = (src + 1) % n
+                    return src
                 pair = slot[0]
                 if pair is None:
                     if not self._store.check([f"{self._key}/p2p/{src}-{me}/peer/0"]):

@@ -312,6 +312,35 @@ impl Communicator {
         Ok(Some((d.root >> 1, d.count, d.dtype)))
     }
 
+    /// Waits until `peer` starts sending a message on this two-rank
+    /// communicator (or the timeout passes, or the peer is lost), and
+    /// returns it as `(tag, element count, dtype)` without receiving it, so
+    /// the caller can pick a buffer for it: a message with another tag than
+    /// the one wanted can be received aside and kept for its own receive.
+    pub fn wait_message(&mut self, peer: usize) -> Result<(u64, u64, DType)> {
+        self.pending_message(peer)?; // argument checks; a peer already gone
+        let timeout = self.cfg.timeout;
+        let d = self.guarded(|c| match &c.link {
+            Link::Local => Err(Error::InvalidArgument(format!(
+                "rank {}: a one-rank communicator has no peer",
+                c.rank
+            ))),
+            Link::Shm { shm, .. } => shm.wait_next(peer, "recv"),
+            Link::Tcp(mesh) => mesh.wait_desc(peer, "recv", timeout),
+        })?;
+        if d.kind != OpKind::SendRecv || (d.root & 1) as usize != peer {
+            return Err(Error::Mismatch {
+                rank: self.global(self.rank),
+                detail: format!(
+                    "rank {} started {} where this rank waits for a message",
+                    self.global(peer),
+                    d.kind.name()
+                ),
+            });
+        }
+        Ok((d.root >> 1, d.count, d.dtype))
+    }
+
     /// True once a fatal error (a lost or late peer) has made the
     /// communicator unusable.
     pub fn failed(&self) -> bool {

@@ -418,6 +418,13 @@ impl Communicator {
         Ok(got.map(|(tag, count, d)| (tag, count, d.name())))
     }
 
+    /// Waits (GIL released) until `peer` starts sending a message and
+    /// returns it as `(tag, element count, dtype name)` without receiving it.
+    fn wait_message(&self, py: Python<'_>, peer: usize) -> PyResult<(u64, u64, &'static str)> {
+        let (tag, count, d) = self.with(py, move |c| c.wait_message(peer))?;
+        Ok((tag, count, d.name()))
+    }
+
     /// True when a fatal error made the communicator unusable, or it was
     /// closed.
     fn failed(&self, py: Python<'_>) -> bool {

@@ -261,7 +261,21 @@ impl ShmGroup {
 
     /// Waits until `peer` has reached our current phase.
     pub fn wait_peer(&self, peer: usize, op: &'static str) -> Result<()> {
-        let target = self.counter;
+        self.wait_peer_at(peer, self.counter, op)
+    }
+
+    /// Waits until `peer` has started an operation beyond ours (its phase
+    /// runs ahead), then returns that operation's descriptor.
+    pub fn wait_next(&self, peer: usize, op: &'static str) -> Result<OpDesc> {
+        self.wait_peer_at(peer, self.counter.wrapping_add(1), op)?;
+        self.peer_next(peer, op)?.ok_or_else(|| Error::Mismatch {
+            rank: self.rank,
+            detail: format!("rank {peer} moved ahead without publishing an operation"),
+        })
+    }
+
+    /// Waits until `peer`'s phase counter reaches `target`.
+    fn wait_peer_at(&self, peer: usize, target: u32, op: &'static str) -> Result<()> {
         let c = self.seg.ctl(peer);
         let reached = |v: u32| (v.wrapping_sub(target) as i32) >= 0;
         for _ in 0..self.policy.spins {

@@ -306,6 +306,37 @@ impl TcpMesh {
         })
     }
 
+    /// Waits (up to `timeout` without a byte) until `peer` has sent the
+    /// descriptor of an operation this rank has not joined yet, and returns
+    /// it without consuming it.
+    pub fn wait_desc(&self, peer: usize, op: &'static str, timeout: Duration) -> Result<OpDesc> {
+        let fd = self.stream(peer)?.as_raw_fd();
+        let start = Instant::now();
+        loop {
+            if let Some(d) = self.peek_desc(peer, op)? {
+                return Ok(d);
+            }
+            if self.wire.tripped() {
+                return Err(self.wire.fault());
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(Error::timeout(self.rank, peer, op, waited));
+            }
+            let mut p = [libc::pollfd {
+                fd,
+                events: libc::POLLIN | libc::POLLRDHUP,
+                revents: 0,
+            }];
+            // A slice at a time, so an abort of this rank is seen promptly;
+            // part of a descriptor already waiting makes poll return at once.
+            crate::sys::poll(&mut p, (timeout - waited).min(Duration::from_millis(5)))?;
+            if p[0].revents & libc::POLLIN != 0 && self.peek_desc(peer, op)?.is_none() {
+                std::thread::yield_now(); // the rest of the descriptor is on its way
+            }
+        }
+    }
+
     /// Raw fd of the stream to `peer` (for liveness checks).
     pub fn fd(&self, peer: usize) -> Option<RawFd> {
         self.streams.get(peer)?.as_ref().map(|s| s.as_raw_fd())
