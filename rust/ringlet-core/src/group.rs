@@ -296,20 +296,7 @@ impl Communicator {
             Link::Tcp(mesh) => mesh.peek_desc(peer, "recv"),
         }
         .map_err(|e| e.globalize(&self.cfg.members, &self.cfg.name, "recv"))?;
-        let Some(d) = desc else {
-            return Ok(None);
-        };
-        if d.kind != OpKind::SendRecv || (d.root & 1) as usize != peer {
-            return Err(Error::Mismatch {
-                rank: self.global(self.rank),
-                detail: format!(
-                    "rank {} started {} where this rank waits for a message",
-                    self.global(peer),
-                    d.kind.name()
-                ),
-            });
-        }
-        Ok(Some((d.root >> 1, d.count, d.dtype)))
+        desc.map(|d| self.message_of(peer, d)).transpose()
     }
 
     /// Waits until `peer` starts sending a message on this two-rank
@@ -328,6 +315,12 @@ impl Communicator {
             Link::Shm { shm, .. } => shm.wait_next(peer, "recv"),
             Link::Tcp(mesh) => mesh.wait_desc(peer, "recv", timeout),
         })?;
+        self.message_of(peer, d)
+    }
+
+    /// `(tag, element count, dtype)` of the message `peer` started, as its
+    /// descriptor `d` tells; an error when it started something else.
+    fn message_of(&self, peer: usize, d: OpDesc) -> Result<(u64, u64, DType)> {
         if d.kind != OpKind::SendRecv || (d.root & 1) as usize != peer {
             return Err(Error::Mismatch {
                 rank: self.global(self.rank),
