@@ -8,7 +8,9 @@
 //! * staged (medium, or no cross-memory attach): pieces of half a slot. Per
 //!   piece, rank r owns part r: it reduces part r of every slot into its own
 //!   slot (phase), then every rank copies each owner's part out (phase).
-//! * single-copy (large, cross-memory attach): rank r owns part r. In pieces
+//! * single-copy (from `cma_threshold`, off by default: the staged path is
+//!   faster on the machines measured, see `group::DEFAULT_CMA_THRESHOLD`):
+//!   rank r owns part r. In pieces
 //!   of 128 KiB it reads its piece from each peer's buffer into a
 //!   cache-resident scratch, reduces it into its own buffer and writes the
 //!   result, still in cache, into every peer's buffer. Parts are disjoint, so
