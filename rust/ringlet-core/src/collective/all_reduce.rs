@@ -5,7 +5,7 @@
 //! * small (<= `small_bytes`): each rank copies its buffer into its slot, one
 //!   phase, then every rank reduces all slots in rank order into its buffer.
 //!   One synchronisation per call.
-//! * staged (medium, or no cross-memory attach): pieces of half a slot. Per
+//! * staged (above `small_bytes`, below `cma_threshold`): pieces of half a slot. Per
 //!   piece, rank r owns part r: it reduces part r of every slot into its own
 //!   slot (phase), then every rank copies each owner's part out (phase).
 //! * single-copy (from `cma_threshold`, off by default: the staged path is
