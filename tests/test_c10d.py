@@ -353,9 +353,12 @@ def _any_source(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
             assert sorted(seen) == list(range(1, world)), seen
             dist.barrier(group=group)
             # a receive for tag 7 passes over rank 1's waiting tag-0 message
+            # and over the tag-9 message rank world-1 sent before its tag 7
             t = torch.zeros(2, dtype=torch.int64)
             assert dist.recv(t, group=group, tag=7) == world - 1
             assert t.tolist() == [7, world - 1]
+            assert dist.recv(t, group=group, tag=9) == world - 1
+            assert t.tolist() == [9, world - 1]
             if world > 2:
                 assert dist.recv(t, group=group) == 1
                 assert t.tolist() == [0, 1]
@@ -367,7 +370,9 @@ def _any_source(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
             if rank == 1 and world > 2:
                 dist.send(torch.tensor([0, 1]), 0, group=group)
             if rank == world - 1:
+                w = dist.isend(torch.tensor([9, rank]), 0, group=group, tag=9)
                 dist.send(torch.tensor([7, rank]), 0, group=group, tag=7)
+                w.wait()
 
 
 def _tags_out_of_order(rank: int, world: int, gloo: dist.ProcessGroup) -> None:

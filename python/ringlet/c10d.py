@@ -1104,13 +1104,19 @@ class ProcessGroupRinglet(ProcessGroup):
                 mtag, count, dtype = pair.wait_message(0)  # the sender is rank 0
                 if mtag == tag:
                     break
-                aside = torch.empty(count, dtype=_DTYPE_BY_NAME[dtype])
-                pair.recv(aside.data_ptr(), aside.nbytes, dtype, 0, mtag)
-                slot[3].setdefault(mtag, []).append(aside)
+                self._receive_aside(pair, slot, mtag, count, dtype)
             pair.recv(dense[0].data_ptr(), dense[0].nbytes, name, 0, tag)
             back()
 
         return run
+
+    @staticmethod
+    def _receive_aside(pair: Any, slot: list[Any], tag: int, count: int, dtype: str) -> None:
+        """Receives the waiting message (``tag``, ``count`` x ``dtype``) into a
+        buffer of its own, kept for the receive that names its tag."""
+        aside = torch.empty(count, dtype=_DTYPE_BY_NAME[dtype])
+        pair.recv(aside.data_ptr(), aside.nbytes, dtype, 0, tag)
+        slot[3].setdefault(tag, []).append(aside)
 
     @_torch_errors
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
@@ -1184,7 +1190,12 @@ class ProcessGroupRinglet(ProcessGroup):
                         continue
                     pair = self._pair(src, me, slot)  # the sender is connecting
                 msg = pair.pending_message(0)  # the sender is rank 0 of the pair
-                if msg is not None and msg[0] == tag:
+                while msg is not None and msg[0] != tag:
+                    # Another tag first: receive it aside (kept for its own
+                    # receive) and look at the sender's next message.
+                    self._receive_aside(pair, slot, *msg)
+                    msg = pair.pending_message(0)
+                if msg is not None:
                     self._any_next = (src + 1) % n
                     return src
             if self._closed:
