@@ -229,7 +229,25 @@ fn fold_fused<const K: usize, const L: usize>(
 ) {
     // Same lengths as `body`, so the indexing below needs no bounds checks.
     let srcs = srcs.map(|s| &s[..body.len()]);
-    for (i, d) in body.iter_mut().enumerate() {
+    // Four groups per step: independent conversion chains in flight (the
+    // conversions, not memory, bound this loop on cached data).
+    const U: usize = 4;
+    let pairs = body.len() / U;
+    let (head, tail) = body.split_at_mut(pairs * U);
+    for (j, d) in head.chunks_exact_mut(U).enumerate() {
+        let i = U * j;
+        let mut acc: [[f32; L]; U] = std::array::from_fn(|u| widen(d[u]));
+        for s in &srcs {
+            for (u, a) in acc.iter_mut().enumerate() {
+                apply(a, widen(s[i + u]), op);
+            }
+        }
+        for (u, a) in acc.into_iter().enumerate() {
+            d[u] = narrow(a);
+        }
+    }
+    for (k, d) in tail.iter_mut().enumerate() {
+        let i = pairs * U + k;
         let mut acc = widen(*d);
         for s in &srcs {
             apply(&mut acc, widen(s[i]), op);
