@@ -13,10 +13,11 @@ from conftest import free_port, launch
 def _job(rank: int, world: int, port: int) -> list[str]:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world))
+    import torch
     import torch.distributed as dist
 
     import ringlet
-    from ringlet.bench import c10d, collectives
+    from ringlet.bench import c10d, collectives, dtypes
 
     peer = collectives._Gloo()
     rows = collectives.run(list(collectives.OPS), [4096, 65536], 0.01, peer)
@@ -29,6 +30,9 @@ def _job(rank: int, world: int, port: int) -> list[str]:
     dist.destroy_process_group()
     assert len(rows) == 8 and len(rows2) == 5 and len(train) == 2
     assert all(r["ringlet_us"] > 0 and r["peer_us"] > 0 for r in rows)
+    by_type = dtypes.run([torch.float32, torch.bfloat16], [1 << 16], 2)
+    assert len(by_type) == 1 and by_type[0]["float32"] > 0 and by_type[0]["bfloat16"] > 0
+    assert "bfloat16 / float32" in dtypes.table(by_type, ["float32", "bfloat16"], world)
     return text.splitlines()
 
 

@@ -10,7 +10,8 @@ in the same processes, alternating, and prints Markdown tables of medians:
 * ``ddp``: ringlet's DistributedDataParallel vs torch DDP;
 * ``optimizer``: ``optimizer_step`` with many small gradients;
 * ``checkpoint``: sharded checkpoint save/load vs torch.save/torch.load;
-* ``rpc``: ringlet.rpc vs torch.distributed.rpc.
+* ``rpc``: ringlet.rpc vs torch.distributed.rpc;
+* ``dtypes``: all_reduce GB/s by element type (float32 vs bfloat16/float16).
 
 ``--plot FILE`` (where a benchmark offers it) draws the table as a PNG.
 
@@ -20,4 +21,4 @@ Example:
   torchrun --nproc_per_node 2 -m ringlet.bench c10d
 """
 
-WHAT = ("collectives", "c10d", "ddp", "optimizer", "checkpoint", "rpc")
+WHAT = ("collectives", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes")
