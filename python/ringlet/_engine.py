@@ -186,11 +186,12 @@ _STRIDED = torch.strided
 
 def _world_all_reduce(t: Any, reduce_type: str) -> bool:
     """All-reduces a contiguous CPU tensor in place over the whole world with
-    the fewest Python steps (everything inline: each call and attribute read
-    costs 30-100 ns, a third of this path). Returns False, having done
-    nothing, when anything needs the general path: not initialised or a world
-    of one, a dtype, layout, reduce type or device the checks of that path
-    must name, or a two-level job."""
+    the fewest Python steps. Returns False, having done nothing, when
+    anything needs the general path: not initialised or a world of one, a
+    dtype, layout, reduce type or device the checks of that path must name,
+    or a two-level job. The hottest call of all: the checks of _plain and
+    _flat_world are written out here (each call and attribute read costs
+    30-100 ns, a third of a 4 KiB call's Python time)."""
     state = runtime._state
     if (state is None or type(t) is not torch.Tensor or state.world_size == 1
             or reduce_type not in _REDUCE_TYPES):
@@ -208,8 +209,7 @@ def _world_all_reduce(t: Any, reduce_type: str) -> bool:
 def _plain(t: Any) -> Optional[str]:
     """The dtype name of a tensor the engine can take as it is (a plain
     contiguous dense CPU tensor), else None (the general path then checks
-    and names the problem). Each tensor attribute read costs 50-100 ns, so
-    the fast paths below read as few as they can."""
+    and names the problem)."""
     if type(t) is not torch.Tensor:
         return None
     name = _DTYPE_NAMES.get(t.dtype)
@@ -219,24 +219,22 @@ def _plain(t: Any) -> Optional[str]:
 
 
 def _flat_world(nbytes: int) -> Any:
-    """The world communicator when a collective of ``nbytes`` runs as one
-    engine call on it (initialised, more than one rank, and not a two-level
-    one), else None."""
+    """``ringlet.init()``'s world state when a collective of ``nbytes`` runs
+    as one engine call on its communicator (initialised, more than one rank,
+    not a two-level one), else None."""
     state = runtime._state
     if state is None or state.world_size == 1:
         return None
     if state.hier is not None and nbytes >= _HIER_MIN_BYTES:
         return None
-    return state.comm
+    return state
 
 
-def _fits(value: torch.Tensor, output: Any, nbytes: int, rows: int) -> bool:
-    """Whether ``output`` can take the result as it is: a plain contiguous
-    CPU tensor of ``value``'s dtype, ``nbytes`` long, ``rows`` rows and
-    ``value``'s other dimensions, not overlapping ``value``."""
-    if (type(output) is not torch.Tensor or output.dtype is not value.dtype
-            or output.layout is not _STRIDED or not output.is_cpu
-            or not output.is_contiguous() or output.nbytes != nbytes):
+def _fits(value: torch.Tensor, output: Any, name: str, nbytes: int, rows: int) -> bool:
+    """Whether ``output`` can take the result as it is: a plain tensor of
+    ``value``'s dtype ``name``, ``nbytes`` long, ``rows`` rows and ``value``'s
+    other dimensions, not overlapping ``value``."""
+    if _plain(output) != name or output.nbytes != nbytes:
         return False
     if (value.dim() != 1 or output.dim() != 1) and output.shape != (rows, *value.shape[1:]):
         return False
@@ -250,49 +248,49 @@ def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _world_all_gather(value: Any, output: Any) -> Optional[torch.Tensor]:
-    """Fast path of the world all-gather along dim 0, inline as
-    _world_all_reduce; returns the output, or None having done nothing."""
+    """Fast path of the world all-gather along dim 0 (see _world_all_reduce);
+    returns the output, or None having done nothing."""
+    name = _plain(value)
     state = runtime._state
-    if state is None or type(value) is not torch.Tensor or state.world_size == 1:
-        return None
-    name = _DTYPE_NAMES.get(value.dtype)
-    if (name is None or value.layout is not _STRIDED or not value.is_cpu
-            or not value.is_contiguous() or value.dim() == 0):
+    if name is None or state is None or value.dim() == 0:
         return None
     n, nb = state.world_size, value.nbytes
-    if state.hier is not None and nb * n >= _HIER_MIN_BYTES:
+    if _flat_world(nb * n) is None:
         return None
+    rows = value.shape[0] * n
     if output is None:
-        output = torch.empty((value.shape[0] * n, *value.shape[1:]), dtype=value.dtype)
-    elif not _fits(value, output, nb * n, value.shape[0] * n):
+        output = torch.empty((rows, *value.shape[1:]), dtype=value.dtype)
+    elif not _fits(value, output, name, nb * n, rows):
         return None
     state.comm.all_gather(value.data_ptr(), nb, output.data_ptr(), nb * n, name)
     return output
 
 
 def _world_reduce_scatter(
-    reduce_type: str, value: Any, scale: float, output: Any
+    reduce_type: str, value: Any, scale: float, shards: int, output: Any
 ) -> Optional[torch.Tensor]:
-    """Fast path of the world reduce-scatter along dim 0, inline as
-    _world_all_reduce; returns the output, or None having done nothing."""
-    state = runtime._state
-    if (state is None or type(value) is not torch.Tensor or state.world_size == 1
-            or reduce_type not in _REDUCE_TYPES):
+    """Fast path of the world reduce-scatter along dim 0 into ``shards``
+    blocks (see _world_all_reduce); returns the output, or None having done
+    nothing (also when ``shards`` is not the world size: the general path
+    names that)."""
+    name = _plain(value)
+    if name is None or reduce_type not in _REDUCE_TYPES or value.dim() == 0:
         return None
-    name = _DTYPE_NAMES.get(value.dtype)
-    if (name is None or value.layout is not _STRIDED or not value.is_cpu
-            or not value.is_contiguous() or value.dim() == 0):
+    nb = value.nbytes
+    state = _flat_world(nb)
+    if state is None or shards != state.world_size:
         return None
-    n, nb, rows = state.world_size, value.nbytes, value.shape[0]
-    if rows % n or (state.hier is not None and nb >= _HIER_MIN_BYTES):
+    rows = value.shape[0]
+    if rows % shards:
         return None
     if output is None:
-        output = torch.empty((rows // n, *value.shape[1:]), dtype=value.dtype)
-    elif not _fits(value, output, nb // n, rows // n):
+        output = torch.empty((rows // shards, *value.shape[1:]), dtype=value.dtype)
+    elif not _fits(value, output, name, nb // shards, rows // shards):
         return None
-    state.comm.reduce_scatter(value.data_ptr(), nb, output.data_ptr(), nb // n, name, reduce_type)
-    if scale != 1.0:
-        _apply_scale(output, scale)
+    state.comm.reduce_scatter(
+        value.data_ptr(), nb, output.data_ptr(), nb // shards, name, reduce_type
+    )
+    _apply_scale(output, scale)
     return output
 
 
@@ -303,10 +301,10 @@ def _world_broadcast(t: Any, root: Any) -> bool:
     if name is None:
         return False
     nb = t.nbytes
-    comm = _flat_world(nb)
-    if comm is None or type(root) is not int or not 0 <= root < runtime._state.world_size:  # type: ignore[union-attr]
+    state = _flat_world(nb)
+    if state is None or type(root) is not int or not 0 <= root < state.world_size:
         return False
-    comm.broadcast(t.data_ptr(), nb, name, root)
+    state.comm.broadcast(t.data_ptr(), nb, name, root)
     return True
 
 

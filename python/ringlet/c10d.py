@@ -80,12 +80,11 @@ _OPS: dict[Any, str] = {
 
 
 # Reduce ops the engine runs as they are (AVG and PREMUL_SUM need a step more).
-_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+_SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)}
 _SUM = _RED.SUM  # compared first: pybind enum hashing costs more than one ==
 _ANY_DTYPE = ("sum", "mul", "min", "max")  # the others need integer or bool tensors
 _AllreduceOptions = dist.AllreduceOptions
-_STRIDED = torch.strided
-_SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)}
+_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 
 class _DistErrors:
@@ -272,6 +271,16 @@ def _opts(cls: Any, opts: Any, op: Any = None, root: Any = None) -> Any:
     if root is not None:
         out.rootRank = root
     return out
+
+
+def _run_now(queue: Any, fn: Callable[[], Any]) -> bool:
+    """Runs ``fn`` on this thread at once when ``queue`` is idle, in queue
+    order; False, having done nothing, when earlier operations are still
+    queued. Its errors are raised as torch's process groups raise them."""
+    try:
+        return bool(queue.run_now(fn))
+    except BaseException as e:
+        raise _DistErrors.convert(e) from None
 
 
 def _as_list(t: Any) -> Any:
@@ -478,32 +487,28 @@ class ProcessGroupRinglet(ProcessGroup):
         (c10d waits at once): the waiting caller runs it without waking the
         progress thread, unless the thread is busy with earlier operations."""
         q = self._queue if queue is None else queue
-        if not wake:
-            # Synchronous and nothing queued: run it here, in queue order.
-            try:
-                if q.run_now(fn):
-                    return _DONE
-            except BaseException as e:
-                raise _DistErrors.convert(e) from None
+        if not wake and _run_now(q, fn):  # synchronous and nothing queued: run it here
+            return _DONE
         work = Work(q, result, self._timeout, source)
         work._ticket = q.submit(work._run(fn), wake)
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
 
-    def _now(self, opts: Any, nbytes: int, method: str, *args: Any) -> bool:
-        """Fast path of a synchronous call on a connected one-level group:
-        runs the engine call ``method(*args)`` on this thread at once when the
-        queue is idle (no Python job, no Work); False, having done nothing,
-        when the call must be queued."""
+    def _sync_comm(self, opts: Any, nbytes: int) -> Any:
+        """The group's communicator when a call with ``opts`` can run as one
+        engine call on the calling thread (synchronous, connected, one level
+        for ``nbytes``), else None."""
         comm = self._comm
         if (comm is None or opts is None or getattr(opts, "asyncOp", True)
                 or (self._levels is not None and nbytes >= _HIER_MIN_BYTES)):
-            return False
-        try:
-            return bool(self._queue.run_now(functools.partial(getattr(comm, method), *args)))
-        except BaseException as e:
-            raise _DistErrors.convert(e) from None
+            return None
+        return comm
+
+    def _run_now(self, call: Callable[..., Any], *args: Any) -> bool:
+        """Runs the engine call ``call(*args)`` on this thread when the group's
+        queue is idle (no Python job, no Work); see the module's _run_now."""
+        return _run_now(self._queue, functools.partial(call, *args))
 
     # -- argument checks -----------------------------------------------------
 
@@ -573,24 +578,18 @@ class ProcessGroupRinglet(ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         # The blocking all_reduce of one plain tensor on a connected one-level
-        # group (what dist.all_reduce does most), inline: the engine call on
-        # this thread when the queue is idle. Everything else: _allreduce.
-        if (type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1
-                and not getattr(opts, "asyncOp", True) and self._comm is not None):
+        # group (what dist.all_reduce does most), before any wrapper: the
+        # engine call on this thread when the queue is idle. Else _allreduce.
+        if type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1:
             t = tensors[0]
-            name = _DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
-            if name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous():
+            name = _plain(t)
+            comm = self._sync_comm(opts, t.nbytes) if name is not None else None
+            if comm is not None:
                 op = opts.reduceOp
                 red = "sum" if op == _SUM else _SIMPLE.get(op.op)
-                nb = t.nbytes
                 if (red is not None and (red in _ANY_DTYPE or not t.is_floating_point())
-                        and (self._levels is None or nb < _HIER_MIN_BYTES)):
-                    try:
-                        if self._queue.run_now(functools.partial(
-                                self._comm.all_reduce, t.data_ptr(), nb, name, red)):
-                            return _DONE
-                    except BaseException as e:
-                        raise _DistErrors.convert(e) from None
+                        and self._run_now(comm.all_reduce, t.data_ptr(), t.nbytes, name, red)):
+                    return _DONE
         return self._allreduce(tensors, opts)
 
     @_torch_errors
@@ -604,9 +603,7 @@ class ProcessGroupRinglet(ProcessGroup):
             red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
-                    and (red in ("sum", "mul", "min", "max") or not t.is_floating_point())):
-                if self._now(opts, t.nbytes, "all_reduce", t.data_ptr(), t.nbytes, name, red):
-                    return _DONE
+                    and (red in _ANY_DTYPE or not t.is_floating_point())):
                 # One engine call, or two levels for a large one on a group
                 # that spans hosts (decided in the job, after connecting).
                 return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),
@@ -634,8 +631,9 @@ class ProcessGroupRinglet(ProcessGroup):
         if len(tensors) == 1:
             t = tensors[0]
             name = _plain(t)
-            if name is not None and self._now(
-                    opts, t.nbytes, "broadcast", t.data_ptr(), t.nbytes, name, root):
+            comm = self._sync_comm(opts, t.nbytes) if name is not None else None
+            if comm is not None and self._run_now(
+                    comm.broadcast, t.data_ptr(), t.nbytes, name, root):
                 return _DONE
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
 
@@ -719,9 +717,11 @@ class ProcessGroupRinglet(ProcessGroup):
         name = _plain(input)
         if name is not None and _plain(output) == name:
             nb = input.nbytes
-            if (output.nbytes == nb * self._size and _disjoint(input, output)
-                    and self._now(opts, nb * self._size, "all_gather", input.data_ptr(), nb,
-                                  output.data_ptr(), output.nbytes, name)):
+            comm = self._sync_comm(opts, nb * self._size)
+            if (comm is not None and output.nbytes == nb * self._size
+                    and _disjoint(input, output)
+                    and self._run_now(comm.all_gather, input.data_ptr(), nb,
+                                      output.data_ptr(), output.nbytes, name)):
                 return _DONE
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
@@ -812,15 +812,15 @@ class ProcessGroupRinglet(ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> Work:
         name = _plain(input)
-        if name is not None and opts is not None and _plain(output) == name:
+        comm = self._sync_comm(opts, input.nbytes) if name is not None else None
+        if comm is not None and _plain(output) == name:
             op = opts.reduceOp
             red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
             nb = input.nbytes
-            if (red is not None and (red in ("sum", "mul", "min", "max")
-                                     or not input.is_floating_point())
+            if (red is not None and (red in _ANY_DTYPE or not input.is_floating_point())
                     and output.nbytes * self._size == nb and _disjoint(input, output)
-                    and self._now(opts, nb, "reduce_scatter", input.data_ptr(), nb,
-                                  output.data_ptr(), output.nbytes, name, red)):
+                    and self._run_now(comm.reduce_scatter, input.data_ptr(), nb,
+                                      output.data_ptr(), output.nbytes, name, red)):
                 return _DONE
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 

@@ -162,10 +162,7 @@ def _all_reduce(
         src = _as_tensor(inputs, "input")
         _check(src, "input")
         out = src.detach().clone()
-        if groups or not _world_all_reduce(out, reduce_type):
-            _reduce_inplace(comm, [out], reduce_type, scale)
-        else:
-            _apply_scale(out, scale)
+        _reduce_inplace(comm, [out], reduce_type, scale)
         return out.numpy() if isinstance(inputs, np.ndarray) else out
     if isinstance(inputs, (list, tuple)):
         tensors = [  # tensors skip _as_tensor: no name to format on the hot path
@@ -388,9 +385,8 @@ def reduce_scatter(
       >>> ringlet.reduce_scatter(ringlet.REDUCE_SUM, x, 1.0, 0, 2)
       tensor([0., 2.])                    # rank 0; rank 1 gets tensor([4., 6.])
     """
-    if (not groups and scatter_dim == 0 and shard_count == runtime._world_count()
-            and not _profiler._is_profiler_enabled):
-        fast = _world_reduce_scatter(reduce_type, input, scale, output)
+    if not groups and scatter_dim == 0 and not _profiler._is_profiler_enabled:
+        fast = _world_reduce_scatter(reduce_type, input, scale, shard_count, output)
         if fast is not None:  # the common call, in the fewest steps
             return fast
     return _reduce_scatter(

@@ -494,12 +494,6 @@ def world_size() -> int:
     return state.world_size
 
 
-def _world_count() -> int:
-    """The world size, 0 before init (never raises: for fast-path checks)."""
-    state = _state
-    return state.world_size if state is not None else 0
-
-
 def host_layout() -> list[list[int]]:
     """Returns the global ranks on each host, hosts in order of their lowest rank.
 

@@ -337,6 +337,24 @@ impl TcpMesh {
         }
     }
 
+    /// The peers with a stream, and a pollfd watching each for a hang-up
+    /// (same order).
+    fn hangup_pollfds(&self) -> (Vec<usize>, Vec<libc::pollfd>) {
+        (0..self.size())
+            .filter(|&p| p != self.rank)
+            .filter_map(|p| {
+                self.fd(p).map(|fd| {
+                    let watch = libc::pollfd {
+                        fd,
+                        events: libc::POLLRDHUP,
+                        revents: 0,
+                    };
+                    (p, watch)
+                })
+            })
+            .unzip()
+    }
+
     /// Raw fd of the stream to `peer` (for liveness checks).
     pub fn fd(&self, peer: usize) -> Option<RawFd> {
         self.streams.get(peer)?.as_ref().map(|s| s.as_raw_fd())
@@ -525,20 +543,11 @@ impl TcpMesh {
     /// unreachable when data sent to it goes unacknowledged.
     fn settle(&self, late: usize, op: &'static str, waited: Duration) -> Error {
         let deadline = Instant::now() + (waited / 2).min(Duration::from_secs(2));
-        let peers: Vec<usize> = (0..self.size()).filter(|&p| p != self.rank).collect();
         loop {
             if self.wire.tripped() {
                 return self.wire.fault();
             }
-            let mut fds: Vec<libc::pollfd> = peers
-                .iter()
-                .filter_map(|&p| self.fd(p))
-                .map(|fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLRDHUP,
-                    revents: 0,
-                })
-                .collect();
+            let (peers, mut fds) = self.hangup_pollfds();
             let left = deadline.saturating_duration_since(Instant::now());
             if sys::poll(&mut fds, left.min(POLL_SLICE)).is_err() {
                 break;
@@ -570,16 +579,7 @@ impl TcpMesh {
     /// peer that finished and shut down normally (or died after doing its
     /// part) is no failure of this operation.
     pub fn check_peers(&self, op: &'static str) -> Result<()> {
-        let peers: Vec<usize> = (0..self.size()).filter(|&p| p != self.rank).collect();
-        let mut fds: Vec<libc::pollfd> = peers
-            .iter()
-            .filter_map(|&p| self.fd(p))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLRDHUP,
-                revents: 0,
-            })
-            .collect();
+        let (peers, mut fds) = self.hangup_pollfds();
         sys::poll(&mut fds, Duration::ZERO)?;
         for (i, p) in fds.iter().enumerate() {
             if p.revents & HANGUP != 0 {
