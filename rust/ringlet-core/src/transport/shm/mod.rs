@@ -232,17 +232,7 @@ impl ShmGroup {
         }
         // The peer wrote its descriptor for our next sequence number before
         // the phase we just saw.
-        let mut w = [0u64; DESC_WORDS];
-        for (x, slot) in w
-            .iter_mut()
-            .zip(&c.desc[(self.seq.wrapping_add(1) % 2) as usize])
-        {
-            *x = slot.load(Ordering::Acquire);
-        }
-        OpDesc::decode(&w).map(Some).ok_or_else(|| Error::Mismatch {
-            rank: self.rank,
-            detail: format!("rank {peer} published an unreadable operation descriptor"),
-        })
+        self.desc_of(peer, self.seq.wrapping_add(1)).map(Some)
     }
 
     /// Waits until every peer has reached our current phase.
@@ -433,9 +423,14 @@ impl ShmGroup {
 
     /// The descriptor `rank` published for the current operation.
     pub fn peer_desc(&self, rank: usize) -> Result<OpDesc> {
+        self.desc_of(rank, self.seq)
+    }
+
+    /// The descriptor `rank` published for the operation numbered `seq`.
+    fn desc_of(&self, rank: usize, seq: u64) -> Result<OpDesc> {
         let c = self.seg.ctl(rank);
         let mut w = [0u64; DESC_WORDS];
-        for (x, slot) in w.iter_mut().zip(&c.desc[(self.seq % 2) as usize]) {
+        for (x, slot) in w.iter_mut().zip(&c.desc[(seq % 2) as usize]) {
             *x = slot.load(Ordering::Acquire);
         }
         OpDesc::decode(&w).ok_or_else(|| Error::Mismatch {

@@ -296,11 +296,16 @@ impl TcpMesh {
         if n < b.len() {
             return Ok(None);
         }
+        self.decode_desc(peer, &b).map(Some)
+    }
+
+    /// The descriptor `peer` sent as `bytes` (`DESC_WORDS` little-endian words).
+    fn decode_desc(&self, peer: usize, bytes: &[u8]) -> Result<OpDesc> {
         let mut w = [0u64; DESC_WORDS];
-        for (x, c) in w.iter_mut().zip(b.chunks_exact(8)) {
+        for (x, c) in w.iter_mut().zip(bytes.chunks_exact(8)) {
             *x = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
         }
-        OpDesc::decode(&w).map(Some).ok_or_else(|| Error::Mismatch {
+        OpDesc::decode(&w).ok_or_else(|| Error::Mismatch {
             rank: self.rank,
             detail: format!("rank {peer} sent an unreadable operation descriptor"),
         })
@@ -678,14 +683,7 @@ impl TcpMesh {
                 all.push(*desc);
                 continue;
             }
-            let mut w = [0u64; DESC_WORDS];
-            for (x, c) in w.iter_mut().zip(buf.chunks_exact(8)) {
-                *x = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-            }
-            all.push(OpDesc::decode(&w).ok_or_else(|| Error::Mismatch {
-                rank: self.rank,
-                detail: format!("rank {peer} sent an unreadable operation descriptor"),
-            })?);
+            all.push(self.decode_desc(peer, buf)?);
         }
         check_agreement(self.rank, &all)
     }
