@@ -43,6 +43,7 @@ from ._engine import (
     _DTYPE_NAMES,
     _HIER_MIN_BYTES,
     _LEVELS,
+    _STRIDED,
     Levels,
     _check,
     _disjoint,
@@ -580,16 +581,23 @@ class ProcessGroupRinglet(ProcessGroup):
         # The blocking all_reduce of one plain tensor on a connected one-level
         # group (what dist.all_reduce does most), before any wrapper: the
         # engine call on this thread when the queue is idle. Else _allreduce.
-        if type(opts) is _AllreduceOptions and type(tensors) is list and len(tensors) == 1:
+        # Written out (no helper calls): each saves about 0.1 us of a 4 us call.
+        comm = self._comm
+        if (comm is not None and type(opts) is _AllreduceOptions and type(tensors) is list
+                and len(tensors) == 1 and not opts.asyncOp):
             t = tensors[0]
-            name = _plain(t)
-            comm = self._sync_comm(opts, t.nbytes) if name is not None else None
-            if comm is not None:
+            name = _DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
+            nbytes = t.nbytes
+            if (name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous()
+                    and (self._levels is None or nbytes < _HIER_MIN_BYTES)):
                 op = opts.reduceOp
                 red = "sum" if op == _SUM else _SIMPLE.get(op.op)
-                if (red is not None and (red in _ANY_DTYPE or not t.is_floating_point())
-                        and self._run_now(comm.all_reduce, t.data_ptr(), t.nbytes, name, red)):
-                    return _DONE
+                if red is not None and (red in _ANY_DTYPE or not t.is_floating_point()):
+                    try:
+                        if self._queue.all_reduce_now(comm, t.data_ptr(), nbytes, name, red):
+                            return _DONE
+                    except BaseException as e:
+                        raise _DistErrors.convert(e) from None
         return self._allreduce(tensors, opts)
 
     @_torch_errors

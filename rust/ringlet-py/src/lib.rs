@@ -152,7 +152,7 @@ impl Listener {
 
 /// One rank's endpoint in a group; all collectives are methods.
 #[pyclass(module = "ringlet._core", frozen)]
-struct Communicator {
+pub(crate) struct Communicator {
     inner: Mutex<Option<core::Communicator>>,
     rank: usize,
     size: usize,
@@ -278,7 +278,7 @@ impl Communicator {
         self.transport
     }
 
-    fn all_reduce(
+    pub(crate) fn all_reduce(
         &self,
         py: Python<'_>,
         ptr: usize,

@@ -3,7 +3,7 @@
 //! queued jobs itself) takes the GIL only while a callable runs, and every
 //! callable releases it again around its engine calls.
 
-use crate::run;
+use crate::{run, Communicator};
 use pyo3::prelude::*;
 use ringlet_core as core;
 use std::sync::{Arc, Mutex};
@@ -64,6 +64,28 @@ impl Progress {
             None => Ok(false),
             Some(Ok(_)) => Ok(true),
             Some(Err(e)) => Err(e),
+        }
+    }
+
+    /// `comm.all_reduce(ptr, nbytes, dtype_name, op_name)` on this thread at
+    /// once (GIL released) when the queue is idle, as `run_now` with that
+    /// call as the job but without a Python callable in between (the
+    /// blocking one-tensor all-reduce of the torch.distributed backend).
+    /// Returns False, having done nothing, when earlier jobs are queued or
+    /// running.
+    fn all_reduce_now(
+        &self,
+        py: Python<'_>,
+        comm: &Communicator,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        op_name: &str,
+    ) -> PyResult<bool> {
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        match queue.run_now(|| comm.all_reduce(py, ptr, nbytes, dtype_name, op_name)) {
+            None => Ok(false),
+            Some(r) => r.map(|()| true),
         }
     }
 
