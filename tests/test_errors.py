@@ -31,8 +31,11 @@ def bad_inputs(rank: int, world: int) -> None:
         ringlet.all_reduce("avg", torch.zeros(2))
     with pytest.raises(TypeError, match="must be a tensor or a list"):
         ringlet.all_reduce("sum", 3.0)
-    with pytest.raises(ValueError, match="output has shape"):
-        ringlet.all_gather(torch.zeros(2), output=torch.zeros(3))
+    with pytest.raises(ValueError, match="output has shape"):  # a numpy array cannot grow
+        ringlet.all_gather(torch.zeros(2), output=np.zeros(3, dtype=np.float32))
+    out = torch.full((3,), 7.0)  # a torch tensor is overwritten outright, as in torch_xla
+    assert ringlet.all_gather(torch.zeros(2), output=out) is out
+    assert out.shape == (2 * world,) and not out.any()
     with pytest.raises(ValueError, match=r"output has shape .* and dtype torch\.int32"):
         ringlet.all_gather(torch.zeros(2), output=torch.zeros(2 * world, dtype=torch.int32))
     with pytest.raises(ValueError, match="shard_count=7 must equal"):
@@ -56,7 +59,7 @@ def bad_inputs(rank: int, world: int) -> None:
     with pytest.raises(ValueError, match="out of range for world size"):
         ringlet.all_reduce("sum", torch.zeros(1), groups=[[0, 1, 5]])
     with pytest.raises(ValueError, match="same number of replicas"):
-        ringlet.all_gather(torch.zeros(1), groups=[[0], [1, 2]])
+        ringlet.all_gather(torch.zeros(1), groups=[[0], [1, 2]], pin_layout=False)
     frozen = np.frombuffer(np.ones(4, dtype=np.float32).tobytes(), dtype=np.float32)
     with pytest.raises(ValueError, match=r"rank \d: inputs\[0\] is a read-only numpy array"):
         ringlet.all_reduce("sum", [frozen])

@@ -436,6 +436,25 @@ def test_compat_bagua_names() -> None:
     assert seen == [0, 1]
     with pytest.raises(RuntimeError, match="no setter_closure"):
         q.bagua_setter_closure(torch.zeros(2))
+    with pytest.raises(AssertionError, match="no setter_closure"):  # Bagua asserts
+        q.bagua_setter_closure(torch.zeros(2))
+    loose = torch.zeros(1).ensure_bagua_tensor("loose")
+    for mark in (loose.bagua_mark_communication_ready,
+                 loose.bagua_mark_communication_ready_without_synchronization):
+        with pytest.raises(AssertionError, match="belongs to no module"):
+            mark()
+    # Bagua's re-call sets the closures given: None is the identity, no setter
+    # (ensure_ringlet_tensor keeps a closure passed as None)
+    r = torch.nn.Parameter(torch.ones(3))
+    r.grad = torch.zeros(3)
+    r.ensure_bagua_tensor("r", getter_closure=lambda t: t.grad,
+                          setter_closure=lambda t, g: setattr(t, "grad", g))
+    assert r.ensure_ringlet_tensor("r").bagua_getter_closure() is r.grad
+    assert r.ensure_bagua_tensor("r").bagua_getter_closure() is r
+    with pytest.raises(AssertionError, match="no setter_closure"):
+        r.bagua_setter_closure(torch.ones(3))
+    with pytest.raises(AssertionError, match="cannot be renamed"):
+        r.ensure_bagua_tensor("other")
     model = torch.nn.Linear(1, 1)
     model.ringlet_module_name = "lin"
     assert model.bagua_module_name == "lin"

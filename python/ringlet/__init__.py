@@ -71,9 +71,11 @@ from .errors import (
     CommunicatorAbortedError,
     NotInitializedError,
     PeerLostError,
+    ReplicaGroupError,
     RingletError,
     ShardingSpecError,
     TensorRegistrationError,
+    TensorStateError,
 )
 from .runtime import (
     abort,
@@ -111,9 +113,11 @@ __all__ = [
     "REDUCE_OR",
     "REDUCE_SUM",
     "RateTracker",
+    "ReplicaGroupError",
     "RingletError",
     "ShardingSpecError",
     "TensorRegistrationError",
+    "TensorStateError",
     "ToXlaTensorArena",
     "add_step_closure",
     "all_gather",

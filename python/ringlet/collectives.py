@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.autograd import profiler as _profiler
 
-from . import runtime
+from . import errors, runtime
 from ._engine import (
     REDUCE_AND,
     REDUCE_MAX,
@@ -186,6 +186,25 @@ def _norm_dim(dim: int, ndim: int, what: str) -> int:
     return dim % ndim
 
 
+def _output_for(output: Any, value: torch.Tensor, shape: list[int], what: str) -> torch.Tensor:
+    """``output`` checked to take a result of ``shape`` and ``value``'s dtype.
+    torch_xla's out-variants overwrite their output outright, so a torch
+    tensor of the right dtype but another shape is resized to the result
+    (not one sharing memory with ``value``, which is still to be read)."""
+    if (isinstance(output, torch.Tensor) and list(output.shape) != shape
+            and output.dtype == value.dtype and output.layout == torch.strided
+            and output.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
+        output.resize_(shape)
+    output = _as_tensor(output, "output", write=True)
+    _check(output, "output")
+    if list(output.shape) != shape or output.dtype != value.dtype:
+        raise ValueError(
+            f"rank {_rank()}: {what} output has shape {tuple(output.shape)} and dtype "
+            f"{output.dtype}; expected {tuple(shape)} and {value.dtype}"
+        )
+    return output
+
+
 def _gather_one(
     comm: Any, value: torch.Tensor, dim: int, output: Optional[torch.Tensor]
 ) -> torch.Tensor:
@@ -195,13 +214,7 @@ def _gather_one(
     shape = list(value.shape)
     shape[dim] *= n
     if output is not None:
-        output = _as_tensor(output, "output", write=True)
-        _check(output, "output")
-        if list(output.shape) != shape or output.dtype != value.dtype:
-            raise ValueError(
-                f"rank {_rank()}: all_gather output has shape {tuple(output.shape)} and dtype "
-                f"{output.dtype}; expected {tuple(shape)} and {value.dtype}"
-            )
+        output = _output_for(output, value, shape, "all_gather")
     if dim == 0:
         target = output if output is not None else torch.empty(shape, dtype=value.dtype)
         _engine_all_gather(comm, value, target, name)
@@ -258,7 +271,10 @@ def _all_gather(
     pin_layout: bool,
 ) -> Union[torch.Tensor, list[torch.Tensor]]:
     """The general path of :func:`all_gather` (checked, any group or dim)."""
-    _check_equal_groups(groups)
+    if not (pin_layout and output is None and isinstance(value, (torch.Tensor, np.ndarray))):
+        # torch_xla's default form gathers through an all-reduce, which takes
+        # groups of any sizes; its other forms assert equal ones.
+        _check_equal_groups(groups)
     if isinstance(value, (torch.Tensor, np.ndarray)):
         value = _as_tensor(value, "value")
         comm = runtime._group(groups)
@@ -299,9 +315,9 @@ def _check_equal_groups(groups: Optional[list[list[int]]]) -> None:
     if groups and isinstance(groups, (list, tuple)):
         sizes = {len(g) for g in groups if isinstance(g, (list, tuple))}
         if len(sizes) > 1:
-            raise ValueError(
-                f"rank {_rank()}: replica groups must have the same number of replicas/shards, "
-                f"got sizes {sorted(sizes)}"
+            raise errors.ReplicaGroupError(
+                f"rank {_rank()}: Replica groups must have the same number of replicas/shards "
+                f"(group sizes {sorted(sizes)})."
             )
 
 
@@ -330,13 +346,7 @@ def _scatter_one(
     shape = list(value.shape)
     shape[dim] //= shard_count
     if output is not None:
-        output = _as_tensor(output, "output", write=True)
-        _check(output, "output")
-        if list(output.shape) != shape or output.dtype != value.dtype:
-            raise ValueError(
-                f"rank {_rank()}: reduce_scatter output has shape {tuple(output.shape)} and dtype "
-                f"{output.dtype}; expected {tuple(shape)} and {value.dtype}"
-            )
+        output = _output_for(output, value, shape, "reduce_scatter")
     front = value if dim == 0 else value.movedim(dim, 0).contiguous()
     if output is not None and dim == 0 and not _overlaps(output, front):
         # the engine writes straight into `output`
@@ -512,30 +522,24 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list
     Args:
       tag (str): Name of the rendezvous (used in messages only).
       payload (bytes, optional): This replica's payload; lengths may differ.
-      replicas (list, optional): Ordinals taking part; empty means all. A
-        subset exchanges among itself only (the others must not call it).
+      replicas (list, optional): The replica ordinals taking part; empty means
+        all. As in torch_xla, only the whole world is supported: a list of
+        another length raises ``ValueError``.
 
     Returns:
-      The payloads of the participating replicas, in ordinal order.
+      The payloads of every replica, in ordinal order.
 
     Example:
       >>> ringlet.rendezvous("init", b"hi")     # on 2 ranks
       [b'hi', b'hi']
     """
+    if replicas and len(replicas) != world_size():
+        raise ValueError("Only global rendezvous is supported")
     if not isinstance(payload, (bytes, bytearray)):
         raise TypeError(f"`payload` must be bytes, not {type(payload)}")
     if world_size() == 1:
         return [bytes(payload)]
     comm = runtime._world()
-    if replicas and sorted(replicas) != list(range(world_size())):
-        members = sorted(set(replicas))
-        if _rank() not in members:
-            raise ValueError(
-                f"rank {_rank()}: rendezvous '{tag}' names replicas {members} without this one"
-            )
-        others = [r for r in range(world_size()) if r not in members]
-        groups = [members] + [[r] for r in others]
-        comm = runtime._group(groups)
     n = comm.size
     size = torch.tensor([len(payload)], dtype=torch.int64)
     sizes = torch.empty(n, dtype=torch.int64)
@@ -876,10 +880,11 @@ def reduce_gradients(
     Args:
       optimizer (torch.optim.Optimizer): Holds the parameters whose ``.grad``
         is reduced.
-      groups (list, optional): Replica groups (the average is over the group).
+      groups (list, optional): Replica groups to sum within; the scale is
+        ``1 / world_size`` either way, as in torch_xla.
       pin_layout (bool, optional): Accepted for compatibility; no effect.
     """
-    count = runtime._group_size(groups) if groups else world_size()
+    count = world_size()  # as torch_xla: the world size, also with groups
     if count <= 1:
         return
     gradients = _fetch_gradients(optimizer)
@@ -908,7 +913,8 @@ def optimizer_step(
         torch_xla does (eager ringlet has no graph to cut, so this runs the
         closures queued with :func:`add_step_closure`). Default: False
       optimizer_args (dict, optional): Keyword arguments of ``step()``.
-      groups (list, optional): Replica groups for the gradient average.
+      groups (list, optional): Replica groups for the gradient sum (see
+        :func:`reduce_gradients`).
       pin_layout (bool, optional): Accepted for compatibility; no effect.
 
     Returns:

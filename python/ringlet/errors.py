@@ -16,9 +16,11 @@ __all__ = [
     "CommunicatorAbortedError",
     "NotInitializedError",
     "PeerLostError",
+    "ReplicaGroupError",
     "RingletError",
     "ShardingSpecError",
     "TensorRegistrationError",
+    "TensorStateError",
 ]
 
 
@@ -104,4 +106,35 @@ class TensorRegistrationError(ValueError, AssertionError):
         ... except AssertionError as err:
         ...     print(type(err).__name__)
         TensorRegistrationError
+    """
+
+
+class ReplicaGroupError(ValueError, AssertionError):
+    """Replica groups of different sizes where torch_xla ``assert``-s equal
+    ones (``all_gather`` with ``pin_layout=False``, an ``output`` or a list
+    input, ``reduce_scatter`` and their bucketized forms). Both a
+    :class:`ValueError` and an :class:`AssertionError`.
+
+    Example:
+        >>> try:   # on 3 ranks
+        ...     ringlet.all_gather(t, groups=[[0], [1, 2]], pin_layout=False)
+        ... except AssertionError as err:
+        ...     print(type(err).__name__)
+        ReplicaGroupError
+    """
+
+
+class TensorStateError(RuntimeError, AssertionError):
+    """A tensor-API call the tensor's registration does not allow, where
+    Bagua fails an ``assert``: ``bagua_setter_closure`` on a tensor without a
+    setter, marking a tensor ready that belongs to no module. Both a
+    :class:`RuntimeError` and an :class:`AssertionError`.
+
+    Example:
+        >>> t = torch.zeros(1).ensure_ringlet_tensor("a")   # no module_name
+        >>> try:
+        ...     t.ringlet_mark_communication_ready()
+        ... except AssertionError as err:
+        ...     print(type(err).__name__)
+        TensorStateError
     """

@@ -40,7 +40,7 @@ import torch
 
 from . import _core, runtime
 from ._engine import _DTYPE_NAMES
-from .errors import TensorRegistrationError
+from .errors import TensorRegistrationError, TensorStateError
 
 __all__ = [
     "BackendTensor",
@@ -100,7 +100,8 @@ class BackendTensor:
         """Returns ``(numel, dtype_name, device)`` recorded by the engine.
 
         Raises:
-          RuntimeError: The tensor belongs to no module.
+          TensorStateError: The tensor belongs to no module (a ``RuntimeError``
+        and an ``AssertionError``, as Bagua's ``assert``).
         """
         return _module_of(self.module_name, self.name)._core.tensor(self.name)
 
@@ -394,13 +395,13 @@ atexit.register(close_modules)
 
 def _module_of(module_name: Optional[str], name: str) -> TensorModule:
     if module_name is None:
-        raise RuntimeError(
+        raise TensorStateError(
             f"ringlet tensor '{name}' belongs to no module: pass module_name= to "
             "ensure_ringlet_tensor to communicate it"
         )
     m = _modules.get(module_name)
     if m is None:
-        raise RuntimeError(f"module '{module_name}' of tensor '{name}' was closed")
+        raise TensorStateError(f"module '{module_name}' of tensor '{name}' was closed")
     return m
 
 
@@ -504,9 +505,12 @@ def _reensure(
     module_name: Optional[str],
     getter: Optional[Getter],
     setter: Optional[Setter],
+    keep: bool = True,
 ) -> None:
     """``ensure_ringlet_tensor`` on a ringlet tensor: checks the name and
-    module, then replaces the closures that are given (``None`` keeps one)."""
+    module, then replaces the closures that are given (``None`` keeps one;
+    with ``keep=False``, Bagua's rule, ``None`` is the identity getter or no
+    setter)."""
     if name is not None and name != t._ringlet_name:
         raise TensorRegistrationError(
             f"ringlet tensor '{t._ringlet_name}' cannot be renamed to '{name}'"
@@ -516,15 +520,16 @@ def _reensure(
             f"ringlet tensor '{t._ringlet_name}' belongs to module "
             f"{t._ringlet_module_name!r}; it cannot move to {module_name!r}"
         )
-    getter = t._ringlet_getter if getter is None else getter
-    setter = t._ringlet_setter if setter is None else setter
+    if keep:
+        getter = t._ringlet_getter if getter is None else getter
+        setter = t._ringlet_setter if setter is None else setter
     if getter is t._ringlet_getter and setter is t._ringlet_setter:
         return
     if getter is None and setter is not None:
         raise TensorRegistrationError(_SETTER_NEEDS_GETTER)
     m = _registered_module(t)
     if m is not None and getter is not t._ringlet_getter:
-        eff = getter(t)
+        eff = t if getter is None else getter(t)
         if eff is not None:
             got = (eff.numel(), _dtype_name(eff, t._ringlet_name), str(eff.device))
             want = tuple(m._core.tensor(t._ringlet_name))
@@ -609,14 +614,13 @@ def ringlet_setter_closure(self: torch.Tensor, tensor: torch.Tensor) -> None:
       tensor (torch.Tensor): The new effective tensor.
 
     Raises:
-      RuntimeError: The tensor has no setter closure.
+      TensorStateError: The tensor has no setter closure (a ``RuntimeError``
+        and an ``AssertionError``, as Bagua's ``assert``).
     """
     _require_ringlet(self, "ringlet_setter_closure")
     setter = self._ringlet_setter
     if setter is None:
-        raise RuntimeError(
-            f"ringlet tensor '{self._ringlet_name}' has no setter_closure"
-        )
+        raise TensorStateError(f"ringlet tensor '{self._ringlet_name}' has no setter_closure")
     setter(self, tensor)
 
 
@@ -671,7 +675,8 @@ def ringlet_mark_communication_ready(self: torch.Tensor) -> None:
     worker waits on it before touching the data. A no-op wait for CPU tensors.
 
     Raises:
-      RuntimeError: The tensor belongs to no module.
+      TensorStateError: The tensor belongs to no module (a ``RuntimeError``
+        and an ``AssertionError``, as Bagua's ``assert``).
       ValueError: It is in no bucket, or already marked in this round.
     """
     _mark(self, True, "ringlet_mark_communication_ready")
@@ -681,7 +686,8 @@ def ringlet_mark_communication_ready_without_synchronization(self: torch.Tensor)
     """Marks the tensor ready immediately, without CUDA event synchronization.
 
     Raises:
-      RuntimeError: The tensor belongs to no module.
+      TensorStateError: The tensor belongs to no module (a ``RuntimeError``
+        and an ``AssertionError``, as Bagua's ``assert``).
     """
     _mark(self, False, "ringlet_mark_communication_ready_without_synchronization")
 

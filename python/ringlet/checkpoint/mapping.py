@@ -51,6 +51,9 @@ CommonStateDict = dict[str, Any]
 ShardedStateDict = dict[str, Any]
 #: Replication index of a local piece: ``0`` or a tuple of zeros marks the main replica.
 ReplicaId = Union[int, tuple[int, ...]]
+#: Deprecation warnings already logged (message -> True), so each is logged
+#: once per process, as in Megatron.
+_logged_deprecations: dict[str, bool] = {}
 
 
 def _as_int_tuple(value: Any, what: str, owner: str) -> tuple[int, ...]:

@@ -27,7 +27,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..tensor import _registered_module, install, is_ringlet_tensor
+from ..tensor import (
+    Getter,
+    Setter,
+    _reensure,
+    _registered_module,
+    ensure_ringlet_tensor,
+    install,
+    is_ringlet_tensor,
+)
 
 __all__: list[str] = []
 
@@ -75,7 +83,43 @@ def _del_module_name(self: torch.nn.Module) -> None:
     self.__dict__.pop("ringlet_module_name", None)
 
 
+def ensure_bagua_tensor(
+    self: torch.Tensor,
+    name: Optional[str] = None,
+    module_name: Optional[str] = None,
+    getter_closure: Optional[Getter] = None,
+    setter_closure: Optional[Setter] = None,
+) -> torch.Tensor:
+    """Bagua's ``ensure_bagua_tensor``: :func:`ringlet.tensor.ensure_ringlet_tensor`
+    with Bagua's rule for a tensor that already is one: the closures are set
+    to the ones given, ``None`` being the identity getter and no setter
+    (``ensure_ringlet_tensor`` keeps a closure passed as ``None``).
+
+    Args:
+      name (str, optional): The tensor's unique name; must not change.
+      module_name (str, optional): Its module; must not change.
+      getter_closure (Callable, optional): Proxy -> effective tensor. Default:
+        ``None``, the identity.
+      setter_closure (Callable, optional): ``(proxy, new_tensor) -> None``.
+        Default: ``None``, none.
+
+    Returns:
+      torch.Tensor: ``self``.
+
+    Example:
+      >>> p.ensure_bagua_tensor("w", getter_closure=lambda t: t.grad) is p
+      True
+      >>> p.ensure_bagua_tensor("w").bagua_getter_closure() is p   # the identity again
+      True
+    """
+    if is_ringlet_tensor(self):
+        _reensure(self, name, module_name, getter_closure, setter_closure, keep=False)
+        return self
+    return ensure_ringlet_tensor(self, name, module_name, getter_closure, setter_closure)
+
+
 install("bagua")
+torch.Tensor.ensure_bagua_tensor = ensure_bagua_tensor  # type: ignore[attr-defined]
 for _name, _attr in _ATTRIBUTES.items():
     _attr.__set_name__(torch.Tensor, _name)
     setattr(torch.Tensor, _name, _attr)
