@@ -80,6 +80,57 @@ def gradients(rank: int, world: int) -> None:
         ops.all_reduce(x, "max").sum().backward()
 
 
+def eager_calls(rank: int, world: int) -> None:
+    # Plain eager calls skip the dispatcher; everything that would see the
+    # call in the dispatcher (modes, the profiler, transforms) still does,
+    # and the results are those of the kernels.
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    xs = [per_rank(r, (2 * world, 3)) for r in range(world)]
+    x, total = xs[rank], sum(xs)
+    torch.testing.assert_close(ops.all_reduce(x.t()), total.t())  # not contiguous
+    torch.testing.assert_close(ops.all_reduce(x, reduce_type="max"), torch.stack(xs).amax(0))
+    torch.testing.assert_close(ops.all_reduce(x, "sum", 2), 2 * total)  # an int scale
+    want = 0.5 * total.chunk(world)[rank]
+    torch.testing.assert_close(ops.reduce_scatter(x, "sum", 0.5, -2), want)
+    torch.testing.assert_close(ops.all_gather(x, -2), torch.cat(xs))
+    torch.testing.assert_close(ops.broadcast(x, 0), xs[0])
+    with torch.no_grad():  # needs no gradient: the direct path, no history
+        y = ops.all_reduce(x.clone().requires_grad_())
+    assert not y.requires_grad
+    torch.testing.assert_close(y, total)
+    with pytest.raises(RuntimeError, match="expected at most 3 argument"):
+        ops.all_reduce(x, "sum", 1.0, 0)
+    with pytest.raises(RuntimeError, match="Expected a value of type 'float'"):
+        ops.all_reduce(x, "sum", "2")
+
+    seen: list[str] = []
+
+    class Functions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(f"function {func}")
+            return func(*args, **(kwargs or {}))
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(f"dispatch {func}")
+            return func(*args, **(kwargs or {}))
+
+    with Functions():
+        torch.testing.assert_close(ops.all_gather(x, 0), torch.cat(xs))
+    with Dispatch():
+        torch.testing.assert_close(ops.all_reduce(x), total)
+    assert "function ringlet.all_gather" in seen, seen
+    assert "dispatch ringlet.all_reduce.default" in seen, seen
+    with torch.profiler.profile() as prof:
+        torch.testing.assert_close(ops.broadcast(x, 1), xs[1])
+    assert any(e.name == "ringlet::broadcast" for e in prof.events())
+    # vmap: the batched rule is the per-sample loop of the fallback
+    batched = torch.vmap(lambda t: ops.all_reduce(t, "sum", 1.0))(x)
+    torch.testing.assert_close(batched, total)
+
+
 def compiled(rank: int, world: int) -> None:
     def step(x: torch.Tensor) -> torch.Tensor:
         y = ops.all_reduce(x * 2, "sum", 1.0)
@@ -108,6 +159,7 @@ def opchecks(rank: int, world: int) -> None:
 
 def everything(rank: int, world: int) -> None:
     values(rank, world)
+    eager_calls(rank, world)
     gradients(rank, world)
     if world == 2:  # registration checks and compilation do not depend on the size
         opchecks(rank, world)

@@ -25,14 +25,14 @@ Example:
   >>> full.sum().backward()                          # w.grad == world
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
 from . import collectives as _c
 from . import runtime
-from ._engine import _world_all_reduce
+from ._engine import _world_all_gather, _world_all_reduce, _world_broadcast, _world_reduce_scatter
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
 
@@ -345,6 +345,79 @@ def _register(
     torch.library.register_fake(f"ringlet::{name}", fake, lib=_lib)
 
 
+# -- eager calls without the dispatcher ------------------------------------
+#
+# Between a Python call of torch.ops.ringlet.X and the CPU kernel, torch's
+# dispatcher spends about 2 us (argument boxing, the Autograd key, the hop
+# back into Python), three times the engine's 4 KiB all-reduce. When none of
+# what it would do applies - the input is a plain tensor that needs no
+# gradient, and no dispatch or function mode, functorch transform or
+# profiler is active - the call goes to the engine's fast path directly and
+# gives the same result. Anything else (tensor subclasses, FakeTensor,
+# torch.compile's tracing, vmap, keyword arguments, other devices, a world of
+# one, any argument the fast path does not take as it is) goes through the
+# dispatcher as before.
+
+_tf_modes = torch._C._is_torch_function_mode_enabled
+_transforms = torch._C._functorch.peek_interpreter_stack
+_profiling = torch._C._autograd._profiler_enabled
+_NUMBER = (float, int)
+
+
+class _EagerPacket(torch._ops.OpOverloadPacket):
+    """``torch.ops.ringlet.<op>`` with the eager fast path above."""
+
+    _fast: Callable[..., Optional[Tensor]]
+    _most: int  # the schema's argument count (more: the dispatcher's error)
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        if args and not kwargs and len(args) <= self._most:
+            x = args[0]
+            if (type(x) is Tensor and not (x.requires_grad and _grad_enabled()) and not _modes()
+                    and not _tf_modes() and _transforms() is None and not _profiling()):
+                out = self._fast(*args)
+                if out is not None:
+                    return out
+        return super().__call__(*args, **kwargs)
+
+
+def _all_reduce_fast(x: Tensor, reduce_type: Any = "sum", scale: Any = 1.0) -> Optional[Tensor]:
+    if type(scale) not in _NUMBER:
+        return None
+    out = x.clone()  # x's layout; the engine takes it when x is contiguous
+    if not _world_all_reduce(out, reduce_type):
+        return None
+    if scale != 1.0:
+        _c._apply_scale(out, scale)
+    return out
+
+
+def _all_gather_fast(x: Tensor, dim: Any = 0) -> Optional[Tensor]:
+    if type(dim) is not int or x.dim() == 0 or dim % x.dim():
+        return None
+    return _world_all_gather(x, None)
+
+
+def _reduce_scatter_fast(
+    x: Tensor, reduce_type: Any = "sum", scale: Any = 1.0, dim: Any = 0
+) -> Optional[Tensor]:
+    if type(scale) not in _NUMBER or type(dim) is not int or x.dim() == 0 or dim % x.dim():
+        return None
+    return _world_reduce_scatter(reduce_type, x, scale, runtime.world_size(), None)
+
+
+def _broadcast_fast(x: Tensor, root: Any = 0) -> Optional[Tensor]:
+    out = x.clone()
+    return out if _world_broadcast(out, root) else None
+
+
+def _eager(name: str, fast: Callable[..., Optional[Tensor]]) -> None:
+    packet = getattr(torch.ops.ringlet, name)
+    packet.__class__ = _EagerPacket  # the same object, so references taken earlier agree
+    packet._fast = fast
+    packet._most = fast.__code__.co_argcount
+
+
 _register("all_reduce", _all_reduce_cpu, _same_fake, _save_reduce, _all_reduce_backward,
           ("sum", 1.0))
 _register("all_gather", _all_gather_cpu, _all_gather_fake, _save_dim, _all_gather_backward, (0,))
@@ -353,3 +426,8 @@ _register("reduce_scatter", _reduce_scatter_cpu, _reduce_scatter_fake, _save_red
 _register("broadcast", _broadcast_cpu, _same_fake, _save_root, _broadcast_backward, (0,))
 _register("all_to_all", _all_to_all_cpu, _all_to_all_fake, _save_dims, _all_to_all_backward,
           (0, 0))
+
+_eager("all_reduce", _all_reduce_fast)
+_eager("all_gather", _all_gather_fast)
+_eager("reduce_scatter", _reduce_scatter_fast)
+_eager("broadcast", _broadcast_fast)
