@@ -26,10 +26,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Callable, Optional, TypeVar
 
@@ -131,9 +134,60 @@ def _torch_errors(fn: _F) -> _F:
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError) as e:
+            if _only_meta((args[1:], kwargs)):
+                # torch's meta kernels of its c10d ops (which gloo gets) do
+                # nothing for meta tensors: neither do we.
+                return _DONE
             raise _DistErrors.convert(e) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _write_back(t: torch.Tensor, w: torch.Tensor) -> None:
+    """Copies ``w`` into ``t``, also when elements of ``t`` share memory (an
+    expanded tensor: its aliased elements held equal values, so they reduce
+    to equal results and any of them may land)."""
+    if torch._debug_has_internal_overlap(t) == 0:  # no element shares memory
+        t.copy_(w)
+        return
+    cells = t.untyped_storage().nbytes() // t.element_size()
+    where = torch.arange(cells).as_strided(t.shape, t.stride(), t.storage_offset())
+    t.as_strided((cells,), (1,), 0).index_put_((where.reshape(-1),), w.reshape(-1))
+
+
+@contextlib.contextmanager
+def _sizes_of(op: str, rule: str) -> Iterator[None]:
+    """Names the user's collective in a size mismatch found by the engine
+    call that implements it (an all-to-all, or a count exchange)."""
+    try:
+        yield
+    except errors.CollectiveMismatchError as e:
+        detail = str(e)
+        head = detail.split(": ", 1)
+        if len(head) == 2 and head[0].startswith("rank "):
+            detail = head[1]
+        new = type(e)(f"{head[0]}: {op}: the ranks' tensor sizes do not fit together "
+                      f"({rule}); the engine found: {detail}")
+        new.__dict__.update(e.__dict__)
+        raise new from None
+
+
+def _only_meta(args: Any) -> bool:
+    """Whether ``args`` (nested lists, tuples, dicts) hold tensors, all on
+    the meta device."""
+    found = False
+    stack = [args]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, torch.Tensor):
+            if not a.is_meta:
+                return False
+            found = True
+        elif isinstance(a, (list, tuple)):
+            stack.extend(a)
+        elif isinstance(a, dict):
+            stack.extend(a.values())
+    return found
 
 
 class Work(_CWork):
@@ -541,7 +595,7 @@ class ProcessGroupRinglet(ProcessGroup):
         def back() -> None:
             for t, w in zip(ts, work):
                 if w is not t:
-                    t.copy_(w)
+                    _write_back(t, w)
 
         return work, back
 
@@ -587,14 +641,13 @@ class ProcessGroupRinglet(ProcessGroup):
                 and len(tensors) == 1 and not opts.asyncOp):
             t = tensors[0]
             name = _DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
-            nbytes = t.nbytes
             if (name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous()
-                    and (self._levels is None or nbytes < _HIER_MIN_BYTES)):
+                    and (self._levels is None or t.nbytes < _HIER_MIN_BYTES)):
                 op = opts.reduceOp
                 red = "sum" if op == _SUM else _SIMPLE.get(op.op)
                 if red is not None and (red in _ANY_DTYPE or not t.is_floating_point()):
                     try:
-                        if self._queue.all_reduce_now(comm, t.data_ptr(), nbytes, name, red):
+                        if self._queue.all_reduce_now(comm, t.data_ptr(), t.nbytes, name, red):
                             return _DONE
                     except BaseException as e:
                         raise _DistErrors.convert(e) from None
@@ -616,6 +669,8 @@ class ProcessGroupRinglet(ProcessGroup):
                 # that spans hosts (decided in the job, after connecting).
                 return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),
                                     [t], wake=_is_async(opts))
+        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, op, opts)
         ts = [self._tensor(t, f"all_reduce tensors[{i}]") for i, t in enumerate(tensors)]
 
         def run() -> None:
@@ -625,6 +680,47 @@ class ProcessGroupRinglet(ProcessGroup):
             for t in dense:
                 post(t)
             back()
+
+        return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Work:
+        """The sum of sparse COO tensors, written into each (as gloo): every
+        rank's indices and values are gathered and coalesced."""
+        if getattr(op, "op", op) != _RED.SUM:
+            raise ValueError(
+                f"{self._where()}: all_reduce of a sparse tensor supports ReduceOp.SUM only"
+            )
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor) or t.layout != torch.sparse_coo or not t.is_cpu:
+                raise ValueError(
+                    f"{self._where()}: all_reduce tensors[{i}]: a sparse all_reduce takes "
+                    "sparse COO CPU tensors only"
+                )
+
+        def gather_rows(rows: torch.Tensor, counts: list[int], comm: Any) -> torch.Tensor:
+            # every rank's rows (dim 0), ragged, concatenated in rank order
+            rows = rows.contiguous()
+            if rows.is_complex():
+                rows = torch.view_as_real(rows)
+            per = math.prod(rows.shape[1:])
+            flat = torch.empty(sum(counts) * per, dtype=rows.dtype)
+            send = rows.reshape(-1).repeat(self._size)
+            _exchange(comm, send, [rows.numel()] * self._size, flat, [c * per for c in counts])
+            return flat.view(sum(counts), *rows.shape[1:])
+
+        def run() -> None:
+            comm = self._world()
+            for t in tensors:
+                x = t.coalesce()
+                nnz = torch.tensor([x._nnz()], dtype=torch.int64)
+                counts = torch.empty(self._size, dtype=torch.int64)
+                _engine_all_gather(comm, nnz, counts, "int64")
+                n = counts.tolist()
+                idx = gather_rows(x.indices().t(), n, comm).t()
+                val = gather_rows(x.values(), n, comm)
+                if x.values().is_complex():
+                    val = torch.view_as_complex(val)
+                t.copy_(torch.sparse_coo_tensor(idx, val, t.shape).coalesce())
 
         return self._submit(run, list(tensors), wake=_is_async(opts))
 
@@ -681,7 +777,8 @@ class ProcessGroupRinglet(ProcessGroup):
         n = inp.numel()
         if all(o.numel() == n for o in outs) and all(o.dtype == inp.dtype for o in outs):
             flat = torch.empty(self._size * n, dtype=inp.dtype)
-            _engine_all_gather(comm, inp, flat, _check(inp, what))
+            with _sizes_of("all_gather", "output tensor r must have rank r's input size"):
+                _engine_all_gather(comm, inp, flat, _check(inp, what))
             for r, o in enumerate(outs):
                 o.view(-1).copy_(flat[r * n:(r + 1) * n]) if o.is_contiguous() else o.copy_(
                     flat[r * n:(r + 1) * n].view(o.shape)
@@ -690,16 +787,25 @@ class ProcessGroupRinglet(ProcessGroup):
         # Ragged: every rank sends its input to every rank.
         flat = torch.empty(sum(o.numel() for o in outs), dtype=inp.dtype)
         send = inp.reshape(-1).repeat(self._size)
-        _exchange(comm, send, [n] * self._size, flat, [o.numel() for o in outs])
+        with _sizes_of("all_gather", "output tensor r must have rank r's input size"):
+            _exchange(comm, send, [n] * self._size, flat, [o.numel() for o in outs])
         _split_into(flat, outs)
 
-    @_torch_errors
     def allgather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
         opts: Any = None,
     ) -> Work:
         if isinstance(input_tensors, torch.Tensor):  # allgather(outputs, input)
             output_tensors, input_tensors = [output_tensors], [input_tensors]
+        # As gloo's future: the output list itself for one input, else all of them.
+        result = output_tensors[0] if len(output_tensors) == 1 else output_tensors
+        return self._allgather(output_tensors, input_tensors, opts, result)
+
+    @_torch_errors
+    def _allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any, result: Any,
+    ) -> Work:
         ins = [self._tensor(t, "all_gather input") for t in input_tensors]
         outs = [[self._tensor(o, "all_gather output") for o in lst] for lst in output_tensors]
         for lst in outs:
@@ -713,13 +819,27 @@ class ProcessGroupRinglet(ProcessGroup):
             for inp, lst in zip(ins, outs):
                 self._gather_into(inp, lst, "all_gather input")
 
-        return self._submit(run, list(output_tensors), wake=_is_async(opts))
+        return self._submit(run, list(result), wake=_is_async(opts))
 
+    @_torch_errors
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
         opts: Any = None,
     ) -> Work:
-        return self.allgather(output_lists, input_list, opts)
+        # torch's layout: output_lists[rank][i] receives input_list[i] of that rank.
+        if len(output_lists) != self._size:
+            raise ValueError(
+                f"{self._where()}: all_gather_coalesced needs {self._size} output lists (one "
+                f"per rank), got {len(output_lists)}"
+            )
+        for r, lst in enumerate(output_lists):
+            if len(lst) != len(input_list):
+                raise ValueError(
+                    f"{self._where()}: all_gather_coalesced output list {r} holds {len(lst)} "
+                    f"tensors for {len(input_list)} inputs"
+                )
+        per_input = [[lst[i] for lst in output_lists] for i in range(len(input_list))]
+        return self._allgather(per_input, input_list, opts, output_lists)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         name = _plain(input)
@@ -759,7 +879,10 @@ class ProcessGroupRinglet(ProcessGroup):
                 _engine_all_gather(comm, src, dense[0], _check(src, "all_gather_into_tensor input"))
                 back()
 
-        return self._submit(run, list(outputs), wake=_is_async(opts))
+        # As gloo's future (its all_gather_into_tensor is an all_gather into
+        # the output's chunks): one tensor per rank for a single output.
+        result = list(outputs[0].chunk(self._size)) if len(outputs) == 1 else list(outputs)
+        return self._submit(run, result, wake=_is_async(opts))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
     all_gather_single = _allgather_base
@@ -885,7 +1008,8 @@ class ProcessGroupRinglet(ProcessGroup):
             counts[root] = send.numel()
             recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
             flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
-            _exchange(self._world(), send, counts, flat, recv_counts)
+            with _sizes_of("gather", "the root's output tensor r must have rank r's input size"):
+                _exchange(self._world(), send, counts, flat, recv_counts)
             _split_into(flat, outs)
 
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
@@ -918,7 +1042,9 @@ class ProcessGroupRinglet(ProcessGroup):
             recv_counts = [0] * self._size
             recv_counts[root] = out.numel()
             dense, back = self._dense([out])
-            _exchange(self._world(), send, counts, dense[0].view(-1), recv_counts)
+            with _sizes_of("scatter", "rank r's output must have the size of the root's input "
+                                      "tensor r"):
+                _exchange(self._world(), send, counts, dense[0].view(-1), recv_counts)
             back()
 
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
