@@ -365,6 +365,22 @@ def _tensor_kinds_and_results(rank: int, world: int, gloo: dist.ProcessGroup) ->
                                           torch.tensor([10.0 + rank])], group=group)
         assert [[v.tolist() for v in lst] for lst in lists] == [
             [[float(r)] * 2, [10.0 + r]] for r in range(world)]
+    # a receive buffer larger than the message: the front is filled (gloo, MPI)
+    for group in (None, gloo):
+        if rank == 0:
+            dist.send(torch.tensor([1.0, 2.0, 3.0]), 1, group=group)
+        elif rank == 1:
+            buf = torch.zeros(5)
+            dist.recv(buf, 0, group=group)
+            assert buf.tolist() == [1.0, 2.0, 3.0, 0.0, 0.0], buf
+    if rank == 0:  # also for a message received aside (another tag's receive came first)
+        dist.send(torch.tensor([4.0, 5.0, 6.0]), 1, tag=5)
+        dist.send(torch.tensor([7.0]), 1, tag=6)
+    elif rank == 1:
+        short, first = torch.zeros(2), torch.zeros(4)
+        dist.recv(short, 0, tag=6)
+        dist.recv(first, 0, tag=5)
+        assert short.tolist() == [7.0, 0.0] and first.tolist() == [4.0, 5.0, 6.0, 0.0]
     # a size mismatch inside all_gather names all_gather (gloo aborts the process)
     with pytest.raises(RuntimeError, match="all_gather: the ranks' tensor sizes"):
         dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2 + rank % 2))
@@ -486,6 +502,22 @@ def _tensor_kinds_and_results(rank: int, world: int, gloo: dist.ProcessGroup) ->
                                           torch.tensor([10.0 + rank])], group=group)
         assert [[v.tolist() for v in lst] for lst in lists] == [
             [[float(r)] * 2, [10.0 + r]] for r in range(world)]
+    # a receive buffer larger than the message: the front is filled (gloo, MPI)
+    for group in (None, gloo):
+        if rank == 0:
+            dist.send(torch.tensor([1.0, 2.0, 3.0]), 1, group=group)
+        elif rank == 1:
+            buf = torch.zeros(5)
+            dist.recv(buf, 0, group=group)
+            assert buf.tolist() == [1.0, 2.0, 3.0, 0.0, 0.0], buf
+    if rank == 0:  # also for a message received aside (another tag's receive came first)
+        dist.send(torch.tensor([4.0, 5.0, 6.0]), 1, tag=5)
+        dist.send(torch.tensor([7.0]), 1, tag=6)
+    elif rank == 1:
+        short, first = torch.zeros(2), torch.zeros(4)
+        dist.recv(short, 0, tag=6)
+        dist.recv(first, 0, tag=5)
+        assert short.tolist() == [7.0, 0.0] and first.tolist() == [4.0, 5.0, 6.0, 0.0]
     # a size mismatch inside all_gather names all_gather (gloo aborts the process)
     with pytest.raises(RuntimeError, match="all_gather: the ranks' tensor sizes"):
         dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2 + rank % 2))

@@ -1221,16 +1221,17 @@ class ProcessGroupRinglet(ProcessGroup):
         def run() -> None:
             dense, back = self._dense([t])
             name = _check(dense[0], "recv tensor")
+            flat = dense[0].view(-1)
             kept = slot[3].get(tag)
             if kept:
                 msg = kept.pop(0)
-                if msg.numel() != dense[0].numel() or msg.dtype != dense[0].dtype:
+                if msg.numel() > flat.numel() or msg.dtype != flat.dtype:
                     raise errors.CollectiveMismatchError(
                         f"{self._where()}: rank {self._members[src]} sent a message of "
                         f"{msg.numel()} x {msg.dtype} with tag {tag}, but this receive takes "
-                        f"{dense[0].numel()} x {dense[0].dtype}"
+                        f"{flat.numel()} x {flat.dtype}"
                     )
-                dense[0].view(-1).copy_(msg.view(-1))
+                flat[:msg.numel()].copy_(msg.view(-1))
                 back()
                 return
             pair = self._pair(src, self._rank, slot)
@@ -1239,7 +1240,9 @@ class ProcessGroupRinglet(ProcessGroup):
                 if mtag == tag:
                     break
                 self._receive_aside(pair, slot, mtag, count, dtype)
-            pair.recv(dense[0].data_ptr(), dense[0].nbytes, name, 0, tag)
+            if dtype == name and count < flat.numel():
+                flat = flat[:count]  # a shorter message fills the front, as in gloo and MPI
+            pair.recv(flat.data_ptr(), flat.nbytes, name, 0, tag)
             back()
 
         return run
