@@ -246,6 +246,187 @@ def test_same_as_torch(world: int) -> None:
         assert got["in_flight"] == sum(i + 1.0 for i in range(2500))
 
 
+# ------------------------------------------- errors, proxies, shutdown
+
+
+class MyErr(Exception):
+    pass
+
+
+class MyVE(ValueError):
+    pass
+
+
+_EXC = {"key": KeyError, "my": MyErr, "myve": MyVE, "idx": IndexError, "os": OSError,
+        "type": TypeError, "rt": RuntimeError}
+
+
+def _raise(kind: str, delay: float = 0.0) -> None:
+    threading.Event().wait(delay)  # the fetch may overtake the failing creation
+    raise _EXC[kind]("boom")
+
+
+def _script_raise(x: torch.Tensor) -> torch.Tensor:
+    if bool(x.sum() > 0):
+        raise ValueError("script raised")
+    return x
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    _script_raise = torch.jit.script(_script_raise)
+
+
+@torch.distributed.rpc.functions.async_execution
+def _not_a_future(x: int) -> int:
+    return x + 1
+
+
+class _Obj:
+    def boom(self) -> None:
+        raise ValueError("objboom")
+
+    def get(self) -> int:
+        return 5
+
+    @torch.distributed.rpc.functions.async_execution
+    def async_add(self, rpc_name: str, to: str, x: torch.Tensor) -> Any:
+        rpc = importlib.import_module(rpc_name)
+        return rpc.rpc_async(to, torch.add, args=(x, 1))
+
+
+def _make_obj(delay: float = 0.0) -> _Obj:
+    threading.Event().wait(delay)
+    return _Obj()
+
+
+def _slow(seconds: float, v: int) -> int:
+    threading.Event().wait(seconds)
+    return v
+
+
+def _exc(f: Any) -> tuple[str, bool, bool, bool, str]:
+    """The exception's type name, whether it is a RuntimeError / ValueError /
+    TypeError, and its message's first line."""
+    try:
+        f()
+    except Exception as e:
+        lines = str(e).splitlines()
+        return (type(e).__name__, isinstance(e, RuntimeError), isinstance(e, ValueError),
+                isinstance(e, TypeError), lines[0][:45] if lines else "")
+    return ("none", False, False, False, "")
+
+
+def _etype(f: Any) -> str:
+    try:
+        f()
+    except Exception as e:
+        return type(e).__name__
+    return "none"
+
+
+def _parity(rank: int, world: int, rpc_name: str, port: int) -> dict[str, Any]:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rpc = importlib.import_module(rpc_name)
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world)
+    out: dict[str, Any] = {}
+    if rank == 1:
+        rpc.rpc_sync("worker0", _wait_parity_done, timeout=0)  # until worker0 is done
+        time.sleep(2.5)
+        rpc.shutdown(graceful=False)
+        return out
+    nxt = "worker1"
+    # rpc_sync / rpc_async: ValueError, TypeError or RuntimeError("<Type>: ...");
+    # remote().to_here(): the remote type.
+    for kind in _EXC:
+        a = (kind,)
+        out[f"sync_{kind}"] = _exc(lambda a=a: rpc.rpc_sync(nxt, _raise, args=a))
+        out[f"async_{kind}"] = _exc(lambda a=a: rpc.rpc_async(nxt, _raise, args=a).wait())
+        out[f"remote_{kind}"] = _exc(lambda a=a: rpc.remote(nxt, _raise, args=a).to_here())
+        out[f"self_{kind}"] = _exc(lambda a=a: rpc.rpc_sync("worker0", _raise, args=a))
+    out["remote_late_myve"] = _exc(lambda: rpc.remote(nxt, _raise, args=("myve", 0.3)).to_here())
+    f = rpc.rpc_async(nxt, _raise, args=("key",))
+    _exc(f.wait)
+    out["value_key"] = _exc(f.value)
+    out["then_value"] = "ValueError: ValueError: On" in _exc(lambda: rpc.rpc_async(
+        nxt, _raise, args=("myve",)).then(lambda x: x.value()).wait())[4]
+    out["script"] = _exc(lambda: rpc.rpc_sync(nxt, _script_raise, args=(torch.ones(1),)))
+    out["not_a_future"] = _exc(lambda: rpc.rpc_sync(nxt, _not_a_future, args=(1,)))[:4]
+    # RRef proxies.
+    o = rpc.remote(nxt, _make_obj)
+    out["proxy_sync_boom"] = _exc(lambda: o.rpc_sync().boom())
+    out["proxy_async_boom"] = _exc(lambda: o.rpc_async().boom().wait())
+    out["proxy_remote_boom"] = _exc(lambda: o.remote().boom().to_here())
+    out["proxy_missing"] = _exc(lambda: o.rpc_sync().nope())
+    out["proxy_get"] = (o.rpc_sync().get(), o.rpc_async().get().wait(),
+                        o.remote().get().to_here())
+    one = torch.ones(1)
+    out["proxy_async_exec"] = (o.rpc_sync().async_add(rpc_name, "worker0", one),
+                               o.rpc_async().async_add(rpc_name, "worker0", one).wait(),
+                               o.remote().async_add(rpc_name, "worker0", one).to_here())
+    o2 = rpc.remote(nxt, _make_obj)
+    out["get_type"] = (o2._get_type(timeout=5, blocking=True) is _Obj, o2._get_type() is _Obj)
+    # A remote() whose creation timed out fails at once.
+    late = rpc.remote(nxt, _make_obj, args=(1.5,), timeout=0.3)
+    time.sleep(0.6)
+    t0 = time.monotonic()
+    out["timed_out_to_here"] = _exc(late.to_here)
+    out["timed_out_proxy"] = _exc(lambda: late.rpc_sync().get())
+    out["timed_out_fast"] = time.monotonic() - t0 < 0.5
+    time.sleep(1.2)
+    # WorkerInfo is read-only and handed out as a copy.
+    out["info_setattr"] = _etype(lambda: setattr(rpc.get_worker_info(), "name", "renamed"))
+    out["info_same"] = rpc.get_worker_info() is rpc.get_worker_info()
+    out["info_after"] = (rpc.get_worker_info().name, rpc.get_worker_info(nxt).id)
+    if rpc_name == "ringlet.rpc":  # still catchable as the remote type
+        try:
+            rpc.rpc_sync(nxt, _raise, args=("key",))
+        except KeyError as e:
+            out["catch_key"] = isinstance(e, RuntimeError)
+        try:
+            rpc.rpc_async(nxt, _raise, args=("my",)).wait()
+        except MyErr as e:
+            out["catch_my"] = isinstance(e, RuntimeError)
+    # An abrupt shutdown fails the calls still pending at once; then RPC is
+    # uninitialized.
+    _parity_done.set()
+    pending = rpc.rpc_async(nxt, _slow, args=(2.0, 7))
+    time.sleep(0.2)
+    rpc.shutdown(graceful=False)
+    out["ungraceful_done"] = pending.done()
+    out["ungraceful_wait"] = _exc(pending.wait)[:4]
+    out["second_shutdown"] = _exc(rpc.shutdown)[:4]
+    return _to_plain(out)
+
+
+_parity_done = threading.Event()
+
+
+def _wait_parity_done() -> None:
+    _parity_done.wait(100)
+
+
+def test_errors_proxies_shutdown_as_torch() -> None:
+    ref = launch(2, _parity, "torch.distributed.rpc", free_port(), init=False, timeout=120)[0]
+    got = launch(2, _parity, "ringlet.rpc", free_port(), init=False, timeout=120)[0]
+    assert set(got) == set(ref) | {"catch_key", "catch_my"}
+    for key in ref:
+        assert got[key] == ref[key], (key, got[key], ref[key])
+    assert got["sync_key"][:4] == ("RuntimeError", True, False, False)
+    assert got["sync_key"][4].startswith("KeyError: ")
+    assert got["async_myve"][:4] == ("ValueError", False, True, False)
+    assert got["remote_late_myve"][:3] == ("MyVE", False, True)
+    assert got["proxy_sync_boom"][:3] == ("ValueError", False, True)
+    assert got["proxy_missing"][0] == "AttributeError"
+    assert got["proxy_async_exec"] == (("tensor", torch.float32, [2.0]),) * 3
+    assert got["timed_out_to_here"][0] == "RuntimeError" and got["timed_out_fast"]
+    assert got["info_setattr"] == "AttributeError" and got["info_same"] is False
+    assert got["catch_key"] and got["catch_my"]
+    assert got["ungraceful_done"] and got["ungraceful_wait"][:2] == ("RuntimeError", True)
+    assert got["second_shutdown"][:2] == ("RuntimeError", True)
+
+
 # --------------------------------------------------------- ringlet-only
 
 
@@ -382,6 +563,24 @@ def test_init_errors() -> None:
         rrpc.init_rpc("x" * 128, rank=0, world_size=1)
     with pytest.raises(RuntimeError):
         rrpc.get_worker_info()
+    with pytest.raises(RuntimeError, match="has not been initialized"):
+        rrpc.shutdown()  # before init_rpc, as torch
+
+
+def test_constants_and_options_as_torch() -> None:
+    import torch.distributed.rpc as trpc
+    import torch.distributed.rpc.constants as tconst
+
+    from ringlet.rpc import constants
+
+    names = [n for n in dir(tconst) if n.isupper() or n.startswith("_D") or n.startswith("_U")]
+    assert {n: getattr(constants, n) for n in names} == {n: getattr(tconst, n) for n in names}
+    ours, theirs = rrpc.TensorPipeRpcBackendOptions(), trpc.TensorPipeRpcBackendOptions()
+    assert (ours.device_maps, ours.devices) == (theirs.device_maps, theirs.devices) == ({}, [])
+    ours.set_device_map("w1", {"cpu": "cpu"})
+    theirs.set_device_map("w1", {"cpu": "cpu"})
+    assert ours.device_maps == theirs.device_maps
+    assert rrpc.autograd.is_available() is True
 
 
 def _dup(rank: int, world: int, port: int) -> str:

@@ -107,6 +107,7 @@ def _split_model(rank: int, world: int, port: int) -> dict[str, Any]:
                 loss = ((y + s) ** 2).mean()
                 dist_autograd.backward(cid, [loss])
                 if step == 0:
+                    out["first_cid"] = cid  # torch's first id on worker r: r << 48
                     out["grad_untouched"] = (
                         l1.weight.grad is None
                         and rpc.rpc_sync("w1", _grads_none, args=(m2,))
@@ -130,6 +131,50 @@ def _split_model(rank: int, world: int, port: int) -> dict[str, Any]:
             lopt.step()
         want = [p.detach() for m in (r1, r2, r3) for p in m.parameters()]
         out["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, want))
+        # The functional optimizers (SGD here) leave .grad as it was, as torch.
+        out["grad_after_step"] = (l1.weight.grad is None
+                                  and rpc.rpc_sync("w1", _grads_none, args=(m2,)))
+        # Gradients through remote().to_here() and a proxy's remote().
+        t = torch.ones(3, requires_grad=True)
+        with dist_autograd.context() as cid:
+            v = rpc.remote("w1", torch.mul, args=(t, 2)).to_here().sum()
+            dist_autograd.backward(cid, [v])
+            out["to_here_grad"] = dist_autograd.get_gradients(cid)[t].tolist()
+        h = torch.ones(2, 5, requires_grad=True)
+        with dist_autograd.context() as cid:
+            dist_autograd.backward(cid, [m2.remote().forward(h).to_here().sum()])
+            w2 = rpc.rpc_sync("w1", _state, args=(m2,))[0]
+            out["proxy_remote_grad"] = bool(torch.allclose(
+                dist_autograd.get_gradients(cid)[h], torch.ones(2, 4) @ w2))
+        # A step on owners no message of the context reached does nothing.
+        before = rpc.rpc_sync("w1", _state, args=(m2,))
+        with dist_autograd.context() as cid:
+            dist_autograd.backward(cid, [(t * 3).sum()])
+            opt.step(cid)
+        after = rpc.rpc_sync("w1", _state, args=(m2,))
+        out["untouched_step"] = all(torch.equal(a, b) for a, b in zip(before, after))
+        # torch's argument checks.
+        with dist_autograd.context() as cid:
+            out["nested_ctx"] = _err(lambda: dist_autograd.context().__enter__())
+            y = rpc.rpc_sync("w1", torch.mul, args=(t, 2))
+            out["non_scalar"] = _err(lambda: dist_autograd.backward(cid, [y]))
+            out["leaf_root"] = _err(lambda: dist_autograd.backward(
+                cid, [torch.ones((), requires_grad=True)]))
+            out["no_grad_root"] = _err(lambda: dist_autograd.backward(cid, [torch.ones(())]))
+            out["no_roots"] = _err(lambda: dist_autograd.backward(cid, []))
+        # A second pass without retain_graph fails as torch's freed graph does
+        # (and adds nothing); with retain_graph gradients accumulate.
+        with dist_autograd.context() as cid:
+            loss = rpc.rpc_sync("w1", torch.mul, args=(t, 2)).sum()
+            dist_autograd.backward(cid, [loss])
+            out["second_pass"] = _err(lambda: dist_autograd.backward(cid, [loss]))
+            out["after_second"] = dist_autograd.get_gradients(cid)[t].tolist()
+        with dist_autograd.context() as cid:
+            loss = rpc.rpc_sync("w1", torch.mul, args=(t, 2)).sum()
+            dist_autograd.backward(cid, [loss], retain_graph=True)
+            dist_autograd.backward(cid, [loss])
+            out["retained"] = dist_autograd.get_gradients(cid)[t].tolist()
+        out["available"] = dist_autograd.is_available()
         # RRef.backward in a context.
         with dist_autograd.context() as cid:
             w = torch.ones(3, requires_grad=True)
@@ -175,6 +220,22 @@ def test_split_model_equals_local_training() -> None:
     assert r["contexts_left"] == [0, 0, 0]
     assert r["unknown_ctx"][0] == "RuntimeError" and "123456789" in r["unknown_ctx"][1]
     assert r["rref_backward"] == [3.0, 3.0, 3.0]
+    assert r["first_cid"] == 0 and r["available"] is True
+    assert r["grad_after_step"] is True
+    assert r["to_here_grad"] == [2.0, 2.0, 2.0]
+    assert r["proxy_remote_grad"] is True
+    assert r["untouched_step"] is True
+    assert r["nested_ctx"] == ("RuntimeError",
+                               "Already have an autograd context id for this thread.")
+    assert r["non_scalar"] == ("RuntimeError", " is not a scalar, all roots need to be scalar")
+    assert r["leaf_root"] == ("RuntimeError", " does not have a valid gradient function.")
+    assert r["no_grad_root"] == ("RuntimeError", "requires_grad not set on root")
+    assert r["no_roots"] == ("RuntimeError", "No tensors provided for gradient computation.")
+    assert r["second_pass"][0] == "RuntimeError"
+    assert r["second_pass"][1].startswith("Error on Node 0: Error on Node 1: Trying to backward "
+                                          "through the graph a second time"), r["second_pass"]
+    assert r["after_second"] == [2.0, 2.0, 2.0]
+    assert r["retained"] == [4.0, 4.0, 4.0]
     assert r["dead_backward"][0] == "RuntimeError" and "w2" in r["dead_backward"][1], r
 
 

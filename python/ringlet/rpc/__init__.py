@@ -9,7 +9,7 @@ Only processes that know the job's token (handed out through the job's
 key-value store) can connect.
 """
 
-from . import autograd, functions, optim
+from . import autograd, constants, functions, optim
 from .api import (
     UNSET_RPC_TIMEOUT,
     WorkerInfo,
@@ -38,6 +38,7 @@ __all__ = [
     "WorkerInfo",
     "_get_current_rpc_agent",
     "autograd",
+    "constants",
     "functions",
     "get_worker_info",
     "init_rpc",

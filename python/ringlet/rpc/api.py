@@ -29,10 +29,10 @@ from torch.futures import Future
 
 from .. import _core
 from .backend_registry import (
-    DEFAULT_RPC_TIMEOUT_SEC,
     BackendType,
     RpcBackendOptions,
 )
+from .constants import DEFAULT_RPC_TIMEOUT_SEC, UNSET_RPC_TIMEOUT
 
 __all__ = [
     "UNSET_RPC_TIMEOUT",
@@ -46,7 +46,6 @@ __all__ = [
     "shutdown",
 ]
 
-UNSET_RPC_TIMEOUT = -1.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9_:\-]*$")
 
 
@@ -64,11 +63,21 @@ class WorkerInfo:
         ('worker1', 1)
     """
 
-    __slots__ = ("id", "name")
+    __slots__ = ("_id", "_name")
 
     def __init__(self, name: str, id: int) -> None:
-        self.name = name
-        self.id = id
+        self._name = name
+        self._id = id
+
+    @property
+    def name(self) -> str:
+        """The worker's name (read-only)."""
+        return self._name
+
+    @property
+    def id(self) -> int:
+        """The worker's id, its rank (read-only)."""
+        return self._id
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, WorkerInfo) and (self.name, self.id) == (other.name, other.id)
@@ -89,6 +98,7 @@ class _Pending:
     to: int
     timeout: float
     keep: Any = None
+    torch_exc: bool = False  # remote exceptions in rpc_sync/rpc_async's form
 
 
 @dataclass
@@ -107,6 +117,7 @@ class _State:
     active: int = 0
     idle: threading.Condition = field(default_factory=threading.Condition)
     shutting_down: bool = False
+    closed: bool = False  # the agent is closed: no reply will come
 
 
 _state: Optional[_State] = None
@@ -343,9 +354,8 @@ def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
         1
     """
     st = _require()
-    if worker_name is None:
-        return st.me
-    return _worker(worker_name)
+    w = st.me if worker_name is None else _worker(worker_name)
+    return WorkerInfo(w.name, w.id)  # a copy, as torch hands out
 
 
 def _get_current_rpc_agent() -> Any:
@@ -512,7 +522,9 @@ def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, 
     t = _timeout_of(st, timeout)
     cid = _autograd._current_id()
     grad_out: Optional[list[torch.Tensor]] = None
-    if cid is not None and body[0] in ("call", "remote"):
+    # An RRef fetch records too (torch's to_here forces grad recording): the
+    # owner's answer carries the value's graph.
+    if cid is not None and body[0] in ("call", "remote", "fetch"):
         key = (st.me.id, next(_ids))
         body = ("ctx", cid, key, body)
         grad_out = []
@@ -528,11 +540,13 @@ def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, 
     return st, t, payload, tensors, kept
 
 
-def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Future:
-    """Sends one request; the returned future completes with its outcome."""
+def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None,
+          torch_exc: bool = False) -> Future:
+    """Sends one request; the returned future completes with its outcome
+    (a remote exception as :func:`_as_rpc_error` makes it with ``torch_exc``)."""
     st, t, payload, tensors, kept = _prepare(to, body, timeout)
     fut: Future = Future()
-    entry = _Pending(fut, to.id, t, (keep, kept))
+    entry = _Pending(fut, to.id, t, (keep, kept), torch_exc)
     try:
         cid = st.agent.call(to.id, payload, _tensor_bufs(tensors), t, tensors)
     except (RuntimeError, AttributeError) as e:
@@ -546,13 +560,19 @@ def _track(st: Any, cid: int, entry: Any) -> None:
     completes it at once when the reply already arrived."""
     with st.lock:
         early = st.early.pop(cid, None)
-        if early is None:
+        closed = early is None and st.closed
+        if early is None and not closed:
             st.pending[cid] = entry
     if early is not None:
         _complete(st, entry, early)
+    elif closed:
+        entry.fut.set_exception(RuntimeError(
+            f"RPC to {st.workers[entry.to].name} failed: the RPC agent shut down before the "
+            "call completed"))
 
 
-def _send_sync(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> Any:
+def _send_sync(to: WorkerInfo, body: Any, timeout: float, keep: Any = None,
+               torch_exc: bool = False) -> Any:
     """Sends one request and returns its result (raises its error). The
     calling thread waits in the agent with the GIL released; the reader
     thread hands it the response directly."""
@@ -561,7 +581,7 @@ def _send_sync(to: WorkerInfo, body: Any, timeout: float, keep: Any = None) -> A
         msg = st.agent.call_wait(to.id, payload, _tensor_bufs(tensors), t, tensors)
     except (RuntimeError, AttributeError) as e:
         raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
-    ok, value = _outcome(st, to.id, t, msg)
+    ok, value = _outcome(st, to.id, t, msg, torch_exc)
     del keep, kept
     if ok:
         return value
@@ -572,7 +592,8 @@ def _invoke(to: Any, func: Callable[..., Any], args: Any, kwargs: Any, timeout: 
     if not callable(func):
         raise TypeError(f"function should be callable, got {type(func).__name__}")
     w = _worker(to)
-    return _send(w, ("call", func, tuple(args or ()), dict(kwargs or {})), timeout)
+    return _send(w, ("call", func, tuple(args or ()), dict(kwargs or {})), timeout,
+                 torch_exc=True)
 
 
 def rpc_async(
@@ -636,7 +657,8 @@ def rpc_sync(
     """
     if not callable(func):
         raise TypeError(f"function should be callable, got {type(func).__name__}")
-    return _send_sync(_worker(to), ("call", func, tuple(args or ()), dict(kwargs or {})), timeout)
+    return _send_sync(_worker(to), ("call", func, tuple(args or ()), dict(kwargs or {})), timeout,
+                      torch_exc=True)
 
 
 def remote(
@@ -692,13 +714,73 @@ def _rebuild_exception(exc_type: Optional[type], text: str) -> BaseException:
             f"Original exception on remote side was {text}")
 
 
+class _PlainError(RuntimeError):
+    """An error the caller receives as a plain ``RuntimeError`` with this
+    message as is (torch's errors raised by its C++ side, not Python's)."""
+
+
 def _exception_payload(st: _State, e: BaseException) -> bytes:
+    if isinstance(e, (torch.jit.Error, _PlainError)):
+        # torch answers a TorchScript function's error as a RuntimeError
+        # carrying the interpreter's message as is.
+        return pickle.dumps((None, str(e)))
     text = (f"On {st.me}:\n{e!r}\n"
             + "".join(traceback.format_exception(type(e), e, e.__traceback__)))
+    etype = RuntimeError if getattr(type(e), "_rpc_remote_type", None) else type(e)
     try:
-        return pickle.dumps((type(e), text))
+        return pickle.dumps((etype, text))
     except Exception:
         return pickle.dumps((None, text))
+
+
+_twins: dict[type, Optional[type]] = {}
+_twins_lock = threading.Lock()
+
+
+def _runtime_twin(etype: type) -> Optional[type]:
+    """A class deriving from ``RuntimeError`` and ``etype`` (cached; named
+    ``RuntimeError`` as torch shows it), or ``None`` when Python cannot make
+    one (instance layouts that conflict, e.g. ``OSError``)."""
+    with _twins_lock:
+        if etype in _twins:
+            return _twins[etype]
+    bases = (etype,) if issubclass(etype, RuntimeError) else (RuntimeError, etype)
+    try:
+        twin: Optional[type] = type("RuntimeError", bases, {
+            "__module__": "builtins",
+            "__qualname__": "RuntimeError",
+            "__str__": BaseException.__str__,
+            "__reduce__": lambda self: (RuntimeError, self.args),
+            "_rpc_remote_type": etype,
+        })
+    except Exception:
+        twin = None
+    with _twins_lock:
+        return _twins.setdefault(etype, twin)
+
+
+def _as_rpc_error(exc: BaseException) -> BaseException:
+    """A remote exception as ``rpc_sync`` and ``rpc_async(...).wait()`` raise
+    it in torch: ``ValueError("<TypeName>: ...")`` for the ValueError family,
+    ``TypeError(...)`` for the TypeError family, ``RuntimeError(...)`` for
+    every other type; the latter is an instance of a class deriving from
+    both ``RuntimeError`` and the remote type where Python allows, so that
+    ``except KeyError`` still catches it."""
+    etype = type(exc)
+    msg = f"{etype.__name__}: {exc}"
+    if issubclass(etype, ValueError):
+        return ValueError(msg)
+    if issubclass(etype, TypeError):
+        return TypeError(msg)
+    twin = None if etype is RuntimeError else _runtime_twin(etype)
+    if twin is None:
+        return RuntimeError(msg)
+    try:
+        out = BaseException.__new__(twin, msg)
+        out.args = (msg,)
+        return out  # type: ignore[no-any-return]
+    except Exception:
+        return RuntimeError(msg)
 
 
 def _reply(st: _State, reply: Any, ok: bool, value: Any, cid: Optional[int] = None) -> None:
@@ -755,7 +837,7 @@ def _run_call(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[bool
     if getattr(func, "_wrapped_async_rpc_function", None) is not None:
         fut = func(*args, **kwargs)
         if not isinstance(fut, (Future, torch._C.Future)):
-            raise TypeError(
+            raise _PlainError(
                 f"Functions decorated with @rpc.functions.async_execution must return a "
                 f"torch.futures.Future object, but got {type(fut)}")
         return True, fut
@@ -804,8 +886,10 @@ def _on_request(msg: Any) -> None:
         raise
 
 
-def _outcome(st: _State, to: int, timeout: float, msg: Any) -> tuple[bool, Any]:
-    """(True, value) or (False, exception) from a response or local failure."""
+def _outcome(st: _State, to: int, timeout: float, msg: Any, torch_exc: bool = False,
+             ) -> tuple[bool, Any]:
+    """(True, value) or (False, exception) from a response or local failure;
+    with ``torch_exc`` a remote exception as rpc_sync/rpc_async raise it."""
     name = st.workers[to].name if 0 <= to < len(st.workers) else str(to)
     status = msg.status
     try:
@@ -817,15 +901,20 @@ def _outcome(st: _State, to: int, timeout: float, msg: Any) -> tuple[bool, Any]:
             return True, value
         if status == _core.RPC_ERROR:
             etype, text = _loads(msg)
-            return False, _rebuild_exception(etype, text)
+            if etype is None:  # a TorchScript error, or a type that cannot travel
+                return False, RuntimeError(text)
+            exc = _rebuild_exception(etype, text)
+            return False, (_as_rpc_error(exc) if torch_exc else exc)
         detail = bytes(msg.payload()).decode("utf-8", "replace")
         msg.release()
     except BaseException as e:
         return False, RuntimeError(f"malformed RPC response from {name}: {e}")
     if status == _core.RPC_TIMEOUT:
-        return False, RuntimeError(
+        err = RuntimeError(
             f"RPC to {name} timed out: RPC ran for more than set timeout "
             f"({int(timeout * 1000)} ms) and will now be marked with an error")
+        err._rpc_timeout = True  # type: ignore[attr-defined]  # RRef creation reads it
+        return False, err
     if status == _core.RPC_PEER_LOST:
         return False, RuntimeError(
             f"RPC to {name} failed: worker {name} (rank {to}) is gone: {detail}")
@@ -833,7 +922,7 @@ def _outcome(st: _State, to: int, timeout: float, msg: Any) -> tuple[bool, Any]:
 
 
 def _complete(st: _State, entry: _Pending, msg: Any) -> None:
-    ok, value = _outcome(st, entry.to, entry.timeout, msg)
+    ok, value = _outcome(st, entry.to, entry.timeout, msg, entry.torch_exc)
     if ok:
         entry.fut.set_result(value)
     else:
@@ -874,7 +963,9 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
     With ``graceful=True`` it first releases this worker's RRefs, waits until
     every worker of the job has called ``shutdown`` and until all outstanding
     calls (and RRef deletions) have completed, then closes. With
-    ``graceful=False`` it closes at once: pending futures fail.
+    ``graceful=False`` it closes at once. Either way no future is left
+    pending: calls still outstanding when the agent closes fail with
+    ``RuntimeError``.
 
     Args:
       graceful (bool): Wait for the other workers and outstanding work.
@@ -884,15 +975,17 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
     Returns:
       None.
 
+    Raises:
+      RuntimeError: when RPC is not initialized (before ``init_rpc``, or a
+        second ``shutdown``).
+
     Example::
 
         >>> result = rpc.rpc_sync("worker1", torch.add, args=(torch.ones(1), 1))
         >>> rpc.shutdown()
     """
     global _state
-    st = _state
-    if st is None:
-        return
+    st = _require()
     wait = float(timeout) if timeout and timeout > 0 else max(st.timeout, 60.0)
     try:
         if graceful:
@@ -909,9 +1002,28 @@ def shutdown(graceful: bool = True, timeout: float = 0) -> None:
         agent, st.agent = st.agent, None
         if agent is not None:
             agent.shutdown()
+        _fail_pending(st)
         _state = None
         if graceful:
             _leave(st, wait)
+
+
+def _fail_pending(st: _State) -> None:
+    """Fails every call still waiting for its reply (the agent is closed:
+    none will come)."""
+    with st.lock:
+        st.closed = True
+        left = list(st.pending.values())
+        st.pending.clear()
+        st.early.clear()
+    for entry in left:
+        name = st.workers[entry.to].name
+        if not entry.fut.done():
+            try:
+                entry.fut.set_exception(RuntimeError(
+                    f"RPC to {name} failed: the RPC agent shut down before the call completed"))
+            except RuntimeError:
+                pass  # completed meanwhile
 
 
 def _drain(st: _State, wait: float) -> None:

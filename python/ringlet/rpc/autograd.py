@@ -29,9 +29,10 @@ import torch
 
 from . import api as _api
 
-__all__ = ["backward", "context", "get_gradients"]
+__all__ = ["backward", "context", "get_gradients", "is_available"]
 
-_ids = itertools.count(1)
+_ids = itertools.count()  # torch's first context id on worker r is r << 48
+_passes = itertools.count()
 _lock = threading.Lock()
 _tls = threading.local()
 
@@ -45,6 +46,10 @@ class _Context:
         self.keep: list[torch.Tensor] = []
         self.grads: dict[torch.Tensor, torch.Tensor] = {}
         self.peers: set[int] = set()
+        # Graph nodes a backward pass without retain_graph went through
+        # (node -> pass): another pass through one that saved tensors fails
+        # as torch's freed graph does.
+        self.freed: dict[Any, Any] = {}
 
 
 _contexts: dict[int, _Context] = {}
@@ -72,9 +77,27 @@ def _ensure(cid: int) -> _Context:
         return ctx
 
 
-def _get(cid: int) -> _Context:
+def is_available() -> bool:
+    """True: distributed autograd is always built in.
+
+    Returns:
+      bool: ``True``.
+
+    Example::
+
+        >>> dist_autograd.is_available()
+        True
+    """
+    return True
+
+
+def _find(cid: int) -> Optional[_Context]:
     with _lock:
-        ctx = _contexts.get(cid)
+        return _contexts.get(cid)
+
+
+def _get(cid: int) -> _Context:
+    ctx = _find(cid)
     if ctx is None:
         raise RuntimeError(f"Could not find autograd context with id: {cid}")
     return ctx
@@ -104,6 +127,10 @@ def context() -> Iterator[int]:
     Returns:
       A context manager yielding ``context_id`` (int).
 
+    Raises:
+      RuntimeError: inside another context on this thread ("Already have an
+        autograd context id for this thread.").
+
     Example::
 
         >>> import ringlet.rpc.autograd as dist_autograd
@@ -115,6 +142,8 @@ def context() -> Iterator[int]:
         ...     grads = dist_autograd.get_gradients(context_id)  # {t1: ones, t2: ones}
     """
     st = _api._require()
+    if _current_id() is not None:
+        raise RuntimeError("Already have an autograd context id for this thread.")
     cid = (st.me.id << 48) | next(_ids)
     _ensure(cid)
     with _using(cid):
@@ -150,10 +179,10 @@ def _release(cid: int, notified: frozenset[int] = frozenset()) -> None:
             pass
 
 
-def _graph_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
+def _graph_leaves(roots: list[torch.Tensor], seen: set[Any]) -> list[torch.Tensor]:
+    """The leaves the graph of ``roots`` reaches; its nodes go into ``seen``."""
     leaves: list[torch.Tensor] = []
     seen_leaf: set[int] = set()
-    seen: set[Any] = set()
     stack: list[Any] = []
     for r in roots:
         if r.grad_fn is None:
@@ -179,15 +208,60 @@ def _graph_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     return leaves
 
 
+_saved_attrs: dict[type, list[str]] = {}
+
+
+def _saves_tensors(node: Any) -> bool:
+    """Whether a graph node holds saved tensors (that a backward pass without
+    retain_graph frees)."""
+    names = _saved_attrs.get(type(node))
+    if names is None:
+        names = [a for a in dir(node) if a.startswith("_saved_") or a == "saved_tensors"]
+        _saved_attrs[type(node)] = names
+    for a in names:
+        try:
+            v = getattr(node, a)
+        except RuntimeError:
+            return True  # already freed
+        except Exception:
+            continue
+        if isinstance(v, torch.Tensor) or (
+                isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v)):
+            return True
+    return False
+
+
+def _check_not_freed(ctx: _Context, nodes: set[Any], pass_id: Any) -> None:
+    with ctx.lock:
+        stale = [n for n in nodes if ctx.freed.get(n, pass_id) != pass_id]
+    if any(_saves_tensors(n) for n in stale):
+        me = _api._require().me.id
+        raise RuntimeError(
+            f"Error on Node {me}: Trying to backward through the graph a second time (or "
+            "directly access saved tensors after they have already been freed). Saved "
+            "intermediate values of the graph are freed when you call .backward() or "
+            "autograd.grad(). Specify retain_graph=True if you need to backward through the "
+            "graph a second time or if you need to access saved tensors after calling backward.")
+
+
 def _backprop(ctx: _Context, tensors: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
-              ) -> None:
+              retain_graph: bool = True, pass_id: Any = None) -> None:
     pairs = [(t, g) for t, g in zip(tensors, grads) if g is not None and t.requires_grad]
     if not pairs:
         return
     roots = [t for t, _ in pairs]
-    leaves = _graph_leaves(roots)
+    nodes: set[Any] = set()
+    leaves = _graph_leaves(roots, nodes)
+    if ctx.freed:
+        _check_not_freed(ctx, nodes, pass_id)
+    if not retain_graph:
+        with ctx.lock:
+            for n in nodes:
+                ctx.freed.setdefault(n, pass_id)
     if not leaves:
         return
+    # The graph is kept (a node may be reached again by another message of
+    # this pass); a pass without retain_graph marks its nodes instead.
     gs = torch.autograd.grad(roots, leaves, grad_outputs=[g for _, g in pairs],
                              retain_graph=True, allow_unused=True)
     outgoing: dict[tuple[int, Any], dict[int, torch.Tensor]] = {}
@@ -204,20 +278,30 @@ def _backprop(ctx: _Context, tensors: list[torch.Tensor], grads: list[Optional[t
                 outgoing.setdefault((sender, key), {})[i] = g
     st = _api._require()
     with _using(None):
-        futs = [_api._send(st.workers[sender], ("call", _backward_step, (ctx.id, key, g), {}),
+        futs = [_api._send(st.workers[sender],
+                           ("call", _backward_step, (ctx.id, key, g, retain_graph, pass_id), {}),
                            0)
                 for (sender, key), g in outgoing.items()]
-        for f in futs:
-            f.wait()
+        failed = [r for r in [f.wait() for f in futs] if r is not None]
+    if failed:
+        raise RuntimeError(f"Error on Node {st.me.id}: {failed[0]}")
 
 
-def _backward_step(cid: int, key: Any, grads: dict[int, torch.Tensor]) -> None:
+def _backward_step(cid: int, key: Any, grads: dict[int, torch.Tensor], retain_graph: bool = True,
+                   pass_id: Any = None) -> Optional[str]:
+    """Continues a backward pass from a recorded send; returns ``None``, or
+    the error's message (the caller prefixes its node, as torch does)."""
     ctx = _get(cid)
     with ctx.lock:
         tensors = ctx.sends.get(key)
     if tensors is None:
         raise RuntimeError(f"autograd context {cid} has no record of message {key}")
-    _backprop(ctx, tensors, [grads.get(i) for i in range(len(tensors))])
+    try:
+        _backprop(ctx, tensors, [grads.get(i) for i in range(len(tensors))], retain_graph,
+                  pass_id)
+    except Exception as e:
+        return str(e)
+    return None
 
 
 def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = False) -> None:
@@ -227,12 +311,18 @@ def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = Fa
 
     Args:
       context_id (int): The id yielded by :func:`context`.
-      roots (list[Tensor]): Scalar tensors to differentiate.
-      retain_graph (bool): Accepted for compatibility; graphs are kept until
-        the context ends.
+      roots (list[Tensor]): Scalar tensors to differentiate (each requires
+        grad and has a gradient function).
+      retain_graph (bool): Without it, another backward pass in this context
+        through a part of the graph that saved tensors raises as torch does.
 
     Returns:
       None.
+
+    Raises:
+      RuntimeError: an unknown context, no roots, a root that does not
+        require grad, is not a scalar or is a leaf, or a second pass through
+        a graph a pass without ``retain_graph`` went through.
 
     Example::
 
@@ -242,10 +332,20 @@ def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = Fa
     """
     ctx = _get(context_id)
     roots = list(roots)
+    if not roots:
+        raise RuntimeError("No tensors provided for gradient computation.")
     for r in roots:
-        if not isinstance(r, torch.Tensor) or not r.requires_grad:
-            raise RuntimeError("backward roots must be tensors that require grad")
-    _backprop(ctx, roots, [torch.ones_like(r) for r in roots])
+        if not isinstance(r, torch.Tensor):
+            raise TypeError(f"backward roots must be tensors, got {type(r).__name__}")
+        # torch's checks and messages (the root's name is empty).
+        if not r.requires_grad:
+            raise RuntimeError("requires_grad not set on root")
+        if r.numel() != 1:
+            raise RuntimeError(" is not a scalar, all roots need to be scalar")
+        if r.grad_fn is None:
+            raise RuntimeError(" does not have a valid gradient function.")
+    pass_id = (_api._require().me.id, next(_passes))
+    _backprop(ctx, roots, [torch.ones_like(r) for r in roots], retain_graph, pass_id)
 
 
 def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:

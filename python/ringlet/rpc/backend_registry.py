@@ -18,9 +18,11 @@ __all__ = [
     "TensorPipeRpcBackendOptions",
 ]
 
-DEFAULT_RPC_TIMEOUT_SEC = 60.0
-DEFAULT_INIT_METHOD = "env://"
-DEFAULT_NUM_WORKER_THREADS = 16
+from .constants import (
+    DEFAULT_INIT_METHOD,
+    DEFAULT_NUM_WORKER_THREADS,
+    DEFAULT_RPC_TIMEOUT_SEC,
+)
 
 
 class BackendType(enum.Enum):
@@ -67,10 +69,20 @@ class RpcBackendOptions:
         )
 
 
+def _cpu_device(d: Any) -> Any:
+    import torch
+
+    dev = torch.device(d)  # as torch: an accelerator index fails without one
+    if dev.type != "cpu":
+        raise ValueError("ringlet RPC moves CPU tensors only; device maps to "
+                         f"{dev} are not supported")
+    return dev
+
+
 class TensorPipeRpcBackendOptions(RpcBackendOptions):
-    """torch's option class name, accepted for ported code. ``device_maps``,
-    ``devices``, ``_transports`` and ``_channels`` are accepted and ignored
-    (ringlet RPC moves CPU tensors only).
+    """torch's option class name, accepted for ported code. ``device_maps``
+    and ``devices`` are kept (CPU devices only: ringlet RPC moves CPU
+    tensors); ``_transports`` and ``_channels`` are accepted and ignored.
 
     Args:
       num_worker_threads (int): Threads that run incoming requests. Default: 16.
@@ -94,19 +106,32 @@ class TensorPipeRpcBackendOptions(RpcBackendOptions):
         _channels: Optional[list[str]] = None,
     ) -> None:
         super().__init__(rpc_timeout, init_method, num_worker_threads)
+        self.device_maps: dict[str, dict[Any, Any]] = {}
+        for to, m in (device_maps or {}).items():
+            self.set_device_map(to, m)
+        self.devices: list[Any] = [_cpu_device(d) for d in (devices or [])]
 
     def set_device_map(self, to: str, device_map: dict[Any, Any]) -> None:
-        """Refused: ringlet RPC moves CPU tensors only.
+        """Records a device map for calls to ``to``; CPU to CPU only (the
+        only mapping ringlet RPC has).
 
         Args:
           to (str): Callee name.
-          device_map (dict): Device mapping.
+          device_map (dict): Caller device -> callee device.
 
         Returns:
-          Never returns.
+          None.
+
+        Raises:
+          ValueError: a device that is not the CPU (``RuntimeError`` from
+            ``torch.device`` for an accelerator index without one, as torch).
 
         Example::
 
-            >>> opts.set_device_map("worker1", {0: 1})  # ValueError
+            >>> opts.set_device_map("worker1", {"cpu": "cpu"})
+            >>> opts.device_maps
+            {'worker1': {device(type='cpu'): device(type='cpu')}}
         """
-        raise ValueError("ringlet RPC moves CPU tensors only; device maps are not supported")
+        full = dict(self.device_maps.get(to, {}))
+        full.update({_cpu_device(k): _cpu_device(v) for k, v in device_map.items()})
+        self.device_maps[to] = full

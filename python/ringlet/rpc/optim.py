@@ -11,6 +11,16 @@ from . import autograd as _autograd
 __all__ = ["DistributedOptimizer"]
 
 
+# torch steps these with a functional optimizer, which never sets ``.grad``.
+_FUNCTIONAL = ("Adagrad", "Adam", "AdamW", "SGD", "Adadelta", "RMSprop", "Rprop", "Adamax")
+
+
+def _is_functional(optimizer_class: type) -> bool:
+    import torch
+
+    return any(optimizer_class is getattr(torch.optim, n, None) for n in _FUNCTIONAL)
+
+
 class _LocalOptimizer:
     # One lock for all: two optimizers over the same parameters (two trainers)
     # must not interleave setting .grad and stepping (torch does the same).
@@ -20,14 +30,23 @@ class _LocalOptimizer:
                  kwargs: dict) -> None:
         self.params = [r.local_value() for r in params]
         self.optim = optimizer_class(self.params, *args, **kwargs)
+        self.functional = _is_functional(optimizer_class)
 
     def step(self, context_id: int) -> None:
+        ctx = _autograd._find(context_id)
+        if ctx is None:
+            return  # no message of that context reached this worker: no gradient here
         grads = _autograd.get_gradients(context_id)
         with _LocalOptimizer.global_lock:
+            old = [p.grad for p in self.params]
             for p in self.params:
-                if p in grads:
-                    p.grad = grads[p]
-            self.optim.step()
+                p.grad = grads.get(p) if self.functional else grads.get(p, p.grad)
+            try:
+                self.optim.step()
+            finally:
+                if self.functional:  # as torch's functional optimizers: .grad untouched
+                    for p, g in zip(self.params, old):
+                        p.grad = g
 
 
 def _local_step(opt_rref: Any, context_id: int) -> None:
@@ -37,6 +56,10 @@ def _local_step(opt_rref: Any, context_id: int) -> None:
 class DistributedOptimizer:
     """One local optimizer per owner of the given parameter RRefs; ``step``
     applies each worker's gradients of a distributed autograd context.
+    For the optimizers torch runs functionally (SGD, Adam, AdamW, Adagrad,
+    Adadelta, RMSprop, Rprop, Adamax; ``is_functional_optim``) the
+    parameters' ``.grad`` stays as it was, as in torch; an owner that no
+    message of the context reached does not step.
 
     Args:
       optimizer_class (type): A ``torch.optim.Optimizer`` class.
@@ -55,6 +78,7 @@ class DistributedOptimizer:
 
     def __init__(self, optimizer_class: type, params_rref: list[Any], *args: Any,
                  **kwargs: Any) -> None:
+        self.is_functional_optim = _is_functional(optimizer_class)
         by_owner: dict[int, list[Any]] = {}
         for r in params_rref:
             by_owner.setdefault(r.owner().id, []).append(r)

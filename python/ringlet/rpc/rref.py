@@ -35,6 +35,7 @@ import torch
 from torch.futures import Future
 
 from . import api as _api
+from .functions import async_execution
 
 __all__ = ["RRef"]
 
@@ -104,23 +105,35 @@ def _change_fork(rid: tuple[int, int], fid: tuple[int, int], delta: int,
             _owners.pop(rid, None)
 
 
-class _RRefMethod:
-    """``rref.method`` as an RPC target, resolved on the owner."""
+def _chain(src: Future, fn: Any) -> Future:
+    """A future completed with ``fn(value)`` once ``src`` completes, or with
+    ``src``'s (or ``fn``'s) exception as it is (``Future.then`` would wrap it
+    in a RuntimeError)."""
+    out: Future = Future()
 
-    def __init__(self, rid: tuple[int, int], name: str) -> None:
-        self.rid = rid
-        self.name = name
-        # Answered when the value exists: a method call may overtake the
-        # remote() that creates the value (requests run concurrently).
-        self._wrapped_async_rpc_function = self
+    def done(f: Future) -> None:
+        try:
+            v = fn(f.wait())
+        except BaseException as e:
+            out.set_exception(e)
+        else:
+            out.set_result(v)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Future:
-        e = _get_or_create(tuple(self.rid))  # type: ignore[arg-type]
-        name = self.name
-        return e.fut.then(lambda f: getattr(f.wait(), name)(*args, **kwargs))
+    src.add_done_callback(done)
+    return out
 
-    def __reduce__(self) -> Any:
-        return (_RRefMethod, (self.rid, self.name))
+
+def _local_invoke(rref: RRef[Any], name: str, args: tuple, kwargs: dict) -> Any:
+    # torch's name: a proxy call run on the owner.
+    return getattr(rref.local_value(), name)(*args, **kwargs)
+
+
+@async_execution
+def _local_invoke_async_execution(rref: RRef[Any], name: str, args: tuple, kwargs: dict,
+                                  ) -> Any:
+    # A proxy call of an @async_execution method: the owner answers with the
+    # result of the future the method returns.
+    return getattr(rref.local_value(), name)(*args, **kwargs)
 
 
 def _handle(kind: str, body: tuple[Any, ...], sender: int) -> Any:
@@ -156,7 +169,9 @@ def _handle(kind: str, body: tuple[Any, ...], sender: int) -> Any:
         e = _get_or_create(body[1])
         if e.fut.done():
             return e.fut.wait()
-        return e.fut.then(lambda f: f.wait())
+        return _chain(e.fut, lambda v: v)
+    if kind == "type":
+        return _chain(_get_or_create(body[1]).fut, type)
     if kind == "fork":
         _change_fork(body[1], body[2], +1)
         return None
@@ -195,6 +210,8 @@ class RRef(Generic[T]):
         >>> rref.rpc_sync().size()          # runs value.size() on the owner
         torch.Size([2])
     """
+
+    _type: Optional[type] = None  # the value's type, once asked for
 
     def __init__(self, value: Any = None, type_hint: Optional[type] = None) -> None:
         st = _api._require()
@@ -279,6 +296,55 @@ class RRef(Generic[T]):
     def _check_live(self) -> None:
         if self._deleted:
             raise RuntimeError(f"{self!r} was deleted at RPC shutdown")
+
+    def _check_created(self) -> None:
+        """Raises at once when the ``remote()`` that creates the value failed
+        to reach its owner (timed out, owner gone)."""
+        c = self._confirm
+        if c is None or not c.done():
+            return
+        try:
+            c.wait()
+        except Exception as e:
+            if getattr(e, "_rpc_timeout", False):
+                raise RuntimeError(
+                    "RRef creation via rpc.remote() timed out, and it is possible that the RRef "
+                    "on the owner node does not exist.") from None
+            raise
+
+    def _get_type(self, timeout: float = _api.UNSET_RPC_TIMEOUT, blocking: bool = True) -> Any:
+        """The type of the value (asked of the owner once, then remembered).
+
+        Args:
+          timeout (float): Seconds for the owner's answer; -1: the default.
+          blocking (bool): Wait for the type; ``False`` returns a future.
+
+        Returns:
+          type, or a ``torch.futures.Future`` of it when not ``blocking``.
+
+        Example::
+
+            >>> rpc.remote("worker1", torch.ones, args=(2,))._get_type()
+            <class 'torch.Tensor'>
+        """
+        if self._type is None:
+            self._check_live()
+            self._check_created()
+            if self._entry is not None:
+                fut = _chain(self._entry.fut, type)
+            else:
+                fut = _api._send(self.owner(), ("type", self._rid), timeout, self,
+                                 torch_exc=True)
+
+            def remember(t: type) -> type:
+                self._type = t
+                return t
+
+            fut = _chain(fut, remember)
+        else:
+            fut = Future()
+            fut.set_result(self._type)
+        return fut.wait() if blocking else fut
 
     # ------------------------------------------------------------- queries
     def is_owner(self) -> bool:
@@ -380,9 +446,8 @@ class RRef(Generic[T]):
             tensor([4., 4.])
         """
         self._check_live()
+        self._check_created()  # re-raises a failed creation (e.g. its timeout)
         c = self._confirm
-        if c is not None and c.done():
-            c.wait()  # re-raises a failed creation (e.g. its timeout)
         if self._entry is not None:
             return self._entry.fut.wait()
         to = self.owner()
@@ -512,6 +577,17 @@ def _rref_backward(rref: RRef[Any], cid: int, retain_graph: bool) -> None:
         _autograd.backward(cid, [value], retain_graph)
 
 
+def _invoke_func(rref_type: type, name: str) -> Any:
+    """What runs a proxy call on the owner (as torch picks it): the method
+    looked up on the value's type here first, so a missing one raises
+    ``AttributeError`` on the caller."""
+    if issubclass(rref_type, (torch.jit.ScriptModule, torch._C.ScriptModule)):
+        return _local_invoke
+    if hasattr(getattr(rref_type, name), "_wrapped_async_rpc_function"):
+        return _local_invoke_async_execution
+    return _local_invoke
+
+
 class _Proxy:
     def __init__(self, rref: RRef[Any], mode: str, timeout: float) -> None:
         self._rref = rref
@@ -523,15 +599,42 @@ class _Proxy:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             rref._check_live()
-            body = ("call", _RRefMethod(rref._rid, name), args, kwargs)
             to = rref.owner()
-            if mode == "remote":
-                return RRef._remote(to, body, timeout, rref)
-            if mode == "sync":
-                return _api._send_sync(to, body, timeout, rref)
-            return _api._send(to, body, timeout, rref)
+            if mode != "async":
+                func = _invoke_func(rref._get_type(timeout), name)
+                body = ("call", func, (rref, name, args, kwargs), {})
+                if mode == "remote":
+                    return RRef._remote(to, body, timeout, rref)
+                return _api._send_sync(to, body, timeout, rref, torch_exc=True)
+            from . import autograd as _autograd
+
+            result: Future = Future()
+            cid = _autograd._current_id()
+
+            def send(f: Future) -> None:
+                try:
+                    func = _invoke_func(f.wait(), name)
+                    with _autograd._using(cid):
+                        inner = _api._send(to, ("call", func, (rref, name, args, kwargs), {}),
+                                           timeout, rref, torch_exc=True)
+                except BaseException as e:
+                    result.set_exception(e)
+                    return
+                inner.add_done_callback(lambda g: _transfer(g, result))
+
+            rref._get_type(timeout, blocking=False).add_done_callback(send)
+            return result
 
         return call
+
+
+def _transfer(src: Future, dst: Future) -> None:
+    try:
+        v = src.wait()
+    except BaseException as e:
+        dst.set_exception(e)
+    else:
+        dst.set_result(v)
 
 
 # --------------------------------------------------------------- deletions

@@ -1,0 +1,26 @@
+"""Default values, named as in ``torch.distributed.rpc.constants``."""
+
+from datetime import timedelta
+
+__all__ = [
+    "DEFAULT_INIT_METHOD",
+    "DEFAULT_NUM_WORKER_THREADS",
+    "DEFAULT_PROCESS_GROUP_TIMEOUT",
+    "DEFAULT_RPC_TIMEOUT_SEC",
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+    "UNSET_RPC_TIMEOUT",
+]
+
+DEFAULT_RPC_TIMEOUT_SEC = 60.0
+DEFAULT_INIT_METHOD = "env://"
+DEFAULT_NUM_WORKER_THREADS = 16
+# torch's value: the largest timedelta a process group accepts.
+DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(milliseconds=2**31 - 1)
+DEFAULT_SHUTDOWN_TIMEOUT = 0
+UNSET_RPC_TIMEOUT = -1.0
+
+# torch's private aliases.
+_DEFAULT_RPC_TIMEOUT_SEC = DEFAULT_RPC_TIMEOUT_SEC
+_DEFAULT_INIT_METHOD = DEFAULT_INIT_METHOD
+_DEFAULT_NUM_WORKER_THREADS = DEFAULT_NUM_WORKER_THREADS
+_UNSET_RPC_TIMEOUT = UNSET_RPC_TIMEOUT
