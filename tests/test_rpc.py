@@ -352,6 +352,9 @@ def _parity(rank: int, world: int, rpc_name: str, port: int) -> dict[str, Any]:
     out["then_value"] = "ValueError: ValueError: On" in _exc(lambda: rpc.rpc_async(
         nxt, _raise, args=("myve",)).then(lambda x: x.value()).wait())[4]
     out["script"] = _exc(lambda: rpc.rpc_sync(nxt, _script_raise, args=(torch.ones(1),)))
+    bad = (torch.ones(2), torch.ones(3))
+    out["builtin_op"] = (_exc(lambda: rpc.rpc_sync(nxt, torch.add, args=bad)),
+                         _exc(lambda: rpc.rpc_async(nxt, torch.add, args=bad).wait()))
     out["not_a_future"] = _exc(lambda: rpc.rpc_sync(nxt, _not_a_future, args=(1,)))[:4]
     # RRef proxies.
     o = rpc.remote(nxt, _make_obj)

@@ -710,7 +710,7 @@ def _rebuild_exception(exc_type: Optional[type], text: str) -> BaseException:
         return exc_type(text)
     except Exception as e:
         return RuntimeError(
-            f"Failed to create original exception type. Error msg was {e}. "
+            f"Failed to create original exception type. Error msg was {e} "
             f"Original exception on remote side was {text}")
 
 
@@ -841,7 +841,14 @@ def _run_call(func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[bool
                 f"Functions decorated with @rpc.functions.async_execution must return a "
                 f"torch.futures.Future object, but got {type(fut)}")
         return True, fut
-    return False, func(*args, **kwargs)
+    try:
+        return False, func(*args, **kwargs)
+    except Exception as e:
+        # torch runs its builtin ops (torch.add, ...) through TorchScript: their
+        # errors arrive as a RuntimeError with the op's own message.
+        if torch.jit._builtins._find_builtin(func) is not None:
+            raise _PlainError(str(e)) from e
+        raise
 
 
 def _on_request(msg: Any) -> None:
