@@ -17,11 +17,16 @@ def _job(rank: int, world: int, port: int) -> list[str]:
     import torch.distributed as dist
 
     import ringlet
-    from ringlet.bench import c10d, collectives, dtypes
+    from ringlet.bench import c10d, collectives, dtypes, fronts
 
     peer = collectives._Gloo()
     rows = collectives.run(list(collectives.OPS), [4096, 65536], 0.01, peer)
     text = collectives.table(rows, world, ringlet.transport(), peer.name)
+    group = collectives._c10d_group("gloo")
+    by_front = fronts.run(fronts.calls(torch.ones(1024), peer, group), peer.barrier, 1, 20,
+                          1e-4)
+    assert len(by_front) == 4 and all(a > 0 and b > 0 for a, b in by_front.values())
+    assert "| `torch.ops.ringlet.all_reduce(t)` |" in fronts.table(by_front, 4096, world, 100)
     peer.close()
     dist.init_process_group("ringlet")
     gloo = dist.new_group(backend="gloo")

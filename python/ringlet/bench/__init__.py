@@ -5,6 +5,8 @@ in the same processes, alternating, and prints Markdown tables of medians:
 
 * ``collectives``: ringlet's collectives vs gloo, or Open MPI with
   ``--against mpi`` (under ``mpirun``; needs the ``bench`` extra's mpi4py);
+* ``fronts``: a small all_reduce through each front end (torch_xla-style,
+  ``torch.ops.ringlet``, torch.distributed) and the peer, alternating;
 * ``c10d``: the torch.distributed API on a ringlet group vs a gloo group, and
   torch DDP / FSDP2 training steps;
 * ``ddp``: ringlet's DistributedDataParallel vs torch DDP;
@@ -21,4 +23,4 @@ Example:
   torchrun --nproc_per_node 2 -m ringlet.bench c10d
 """
 
-WHAT = ("collectives", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes")
+WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes")

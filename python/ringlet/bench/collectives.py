@@ -278,6 +278,21 @@ def _c10d_group(against: str) -> Any:
     return None
 
 
+def _start(against: str) -> Any:
+    """Initialises ringlet and returns the peer library to time it against:
+    Open MPI (``"mpi"``, ranks from mpirun) or gloo (``"gloo"``, under torchrun)."""
+    if against == "mpi":
+        peer: Any = _Mpi()
+        ringlet.init(
+            rank=peer.comm.Get_rank(), world_size=peer.comm.Get_size(),
+            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(os.environ.get("MASTER_PORT", "29555")),
+        )
+        return peer
+    ringlet.init()
+    return _Gloo()
+
+
 def main() -> None:
     """Entry point of ``python -m ringlet.bench collectives``."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -296,16 +311,7 @@ def main() -> None:
                    help="ringlet's front end: the torch_xla-style API, torch.ops.ringlet, "
                         "or torch.distributed on a 'ringlet' process group")
     args = p.parse_args()
-    if args.against == "mpi":
-        peer: Any = _Mpi()
-        ringlet.init(
-            rank=peer.comm.Get_rank(), world_size=peer.comm.Get_size(),
-            master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(os.environ.get("MASTER_PORT", "29555")),
-        )
-    else:
-        ringlet.init()
-        peer = _Gloo()
+    peer = _start(args.against)
     group = _c10d_group(args.against) if args.front == "c10d" else None
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
