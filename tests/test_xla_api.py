@@ -513,6 +513,17 @@ def check_shortcuts_and_misc(rank: int, world: int) -> None:
         got = ringlet.all_reduce(ringlet.REDUCE_SUM, x, scale=0.5)
         assert torch.equal(got, torch.tensor([1.0, 2.0]) * world * (world + 1) / 4)
         assert torch.equal(x, torch.tensor([1.0, 2.0]) * (rank + 1))  # input untouched
+        # the single-tensor form on sizes below and above the one-phase limit,
+        # integer and float, with gradients: a new tensor, the input untouched
+        for n, dtype in ((3, torch.int32), (100_000, torch.float64)):
+            src = (torch.arange(n) % 7 + rank).to(dtype)
+            keep = src.clone()
+            got = ringlet.all_reduce(ringlet.REDUCE_MAX, src)
+            assert got is not src and torch.equal(src, keep)
+            assert torch.equal(got, (torch.arange(n) % 7 + world - 1).to(dtype))
+        w = torch.ones(4, requires_grad=True)
+        got = ringlet.all_reduce(ringlet.REDUCE_SUM, w, scale=2.0)
+        assert not got.requires_grad and got.tolist() == [2.0 * world] * 4
         lst = [x.clone(), torch.ones(2, dtype=torch.int64)]
         assert ringlet.all_reduce(ringlet.REDUCE_MAX, lst) is lst
         assert torch.equal(lst[0], torch.tensor([1.0, 2.0]) * world)

@@ -206,6 +206,26 @@ def _world_all_reduce(t: Any, reduce_type: str) -> bool:
     return True
 
 
+def _world_all_reduce_into(t: Any, reduce_type: str) -> Optional[torch.Tensor]:
+    """The out-of-place twin of _world_all_reduce: a new tensor holding the
+    world's reduction of contiguous CPU tensor ``t`` (``t`` untouched; a small
+    one is read straight into the engine's slot, no copy first), or None,
+    having done nothing, when the general path must run."""
+    state = runtime._state
+    if (state is None or type(t) is not torch.Tensor or state.world_size == 1
+            or reduce_type not in _REDUCE_TYPES):
+        return None
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None or t.layout is not _STRIDED or not t.is_cpu or not t.is_contiguous():
+        return None
+    nbytes = t.nbytes
+    if state.hier is not None and nbytes >= _HIER_MIN_BYTES:
+        return None
+    out = torch.empty_like(t)
+    state.comm.all_reduce_into(t.data_ptr(), out.data_ptr(), nbytes, name, reduce_type)
+    return out
+
+
 def _plain(t: Any) -> Optional[str]:
     """The dtype name of a tensor the engine can take as it is (a plain
     contiguous dense CPU tensor), else None (the general path then checks

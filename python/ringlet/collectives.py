@@ -45,6 +45,7 @@ from ._engine import (
     _traced,
     _world_all_gather,
     _world_all_reduce,
+    _world_all_reduce_into,
     _world_broadcast,
     _world_reduce_scatter,
 )
@@ -140,6 +141,12 @@ def all_reduce(
         if scale != 1.0:
             _apply_scale(inputs[0], scale)
         return inputs
+    if type(inputs) is torch.Tensor and not groups and not _profiler._is_profiler_enabled:
+        out = _world_all_reduce_into(inputs, reduce_type)  # a new tensor, input untouched
+        if out is not None:
+            if scale != 1.0:
+                _apply_scale(out, scale)
+            return out
     return _all_reduce(reduce_type, inputs, scale, groups, pin_layout)
 
 

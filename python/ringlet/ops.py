@@ -32,7 +32,13 @@ from torch import Tensor
 
 from . import collectives as _c
 from . import runtime
-from ._engine import _world_all_gather, _world_all_reduce, _world_broadcast, _world_reduce_scatter
+from ._engine import (
+    _world_all_gather,
+    _world_all_reduce,
+    _world_all_reduce_into,
+    _world_broadcast,
+    _world_reduce_scatter,
+)
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
 
@@ -384,10 +390,8 @@ class _EagerPacket(torch._ops.OpOverloadPacket):
 def _all_reduce_fast(x: Tensor, reduce_type: Any = "sum", scale: Any = 1.0) -> Optional[Tensor]:
     if type(scale) not in _NUMBER:
         return None
-    out = x.clone()  # x's layout; the engine takes it when x is contiguous
-    if not _world_all_reduce(out, reduce_type):
-        return None
-    if scale != 1.0:
+    out = _world_all_reduce_into(x, reduce_type)
+    if out is not None and scale != 1.0:
         _c._apply_scale(out, scale)
     return out
 

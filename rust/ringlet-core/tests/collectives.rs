@@ -109,6 +109,22 @@ fn all_reduce_every_mode_size_dtype_op() {
                                 "{name} size={size} {dtype:?} {op:?} count={count} rank={r}"
                             );
                         }
+                        // the out-of-place form: same result, input untouched
+                        let got = run_ranks(&mut comms, |r, c| {
+                            let mut b = aligned(&inputs[r]);
+                            let mut o = aligned(&vec![0u8; inputs[r].len()]);
+                            let n = inputs[r].len();
+                            c.all_reduce_into(view(&mut b, n), view(&mut o, n), dtype, op)
+                                .unwrap();
+                            assert!(*view(&mut b, n) == inputs[r][..], "input changed");
+                            view(&mut o, n).to_vec()
+                        });
+                        for (r, g) in got.iter().enumerate() {
+                            assert!(
+                                *g == want,
+                                "into: {name} size={size} {dtype:?} {op:?} count={count} rank={r}"
+                            );
+                        }
                     }
                 }
             }

@@ -292,6 +292,24 @@ impl Communicator {
         self.with(py, move |c| c.all_reduce(unsafe { buf.slice_mut() }, d, o))
     }
 
+    fn all_reduce_into(
+        &self,
+        py: Python<'_>,
+        in_ptr: usize,
+        out_ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        op_name: &str,
+    ) -> PyResult<()> {
+        let (d, o) = (dtype(dtype_name)?, op(op_name)?);
+        let (i, out) = in_out(in_ptr, nbytes, out_ptr, nbytes)?;
+        // SAFETY: two distinct (checked) contiguous CPU tensors of `nbytes`
+        // kept alive by the Python wrapper for the whole call.
+        self.with(py, move |c| {
+            c.all_reduce_into(unsafe { i.slice() }, unsafe { out.slice_mut() }, d, o)
+        })
+    }
+
     fn all_gather(
         &self,
         py: Python<'_>,

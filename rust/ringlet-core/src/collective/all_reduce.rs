@@ -24,7 +24,7 @@
 
 use super::{part_bytes, pieces, scratch, split_ref_mut, via_f32, Reused, CMA_PIECE, TCP_SMALL};
 use crate::dtype::{DType, ReduceOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::group::{Communicator, Config, Link};
 use crate::reduce;
 use crate::transport::shm::ShmGroup;
@@ -54,6 +54,49 @@ impl Communicator {
                     tcp_all_reduce(mesh, &c.cfg, buf, dtype, op)
                 }
             }
+        })
+    }
+}
+
+impl Communicator {
+    /// Reduces `input` across all ranks into `out` (the same length),
+    /// leaving `input` untouched: the out-of-place form. A small
+    /// shared-memory call copies `input` straight into this rank's slot and
+    /// reduces the slots into `out` (no extra copy); any other copies
+    /// `input` into `out` and reduces there in place.
+    pub fn all_reduce_into(
+        &mut self,
+        input: &[u8],
+        out: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if input.len() != out.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{OP}: the input has {} bytes and the output {}",
+                input.len(),
+                out.len()
+            )));
+        }
+        let small = match &self.link {
+            Link::Shm { shm, .. } => input.len() <= self.cfg.small_bytes.min(shm.half_bytes()),
+            _ => false,
+        };
+        if !small {
+            out.copy_from_slice(input);
+            return self.all_reduce(out, dtype, op);
+        }
+        op.check(dtype)?;
+        let count = super::elements(input.len(), dtype, OP)?;
+        self.guarded(|c| {
+            let desc = c.next_desc(OpKind::AllReduce, dtype, Some(op), count, 0);
+            let Link::Shm { shm, .. } = &mut c.link else {
+                return Err(Error::InvalidArgument(format!("{OP}: no shared memory")));
+            };
+            shm.next_half();
+            shm.put(0, input);
+            shm.arrive(&desc)?;
+            shm.reduce_all_slots(dtype, op, 0, out)
         })
     }
 }
