@@ -189,9 +189,9 @@ def _world_all_reduce(t: Any, reduce_type: str) -> bool:
     the fewest Python steps. Returns False, having done nothing, when
     anything needs the general path: not initialised or a world of one, a
     dtype, layout, reduce type or device the checks of that path must name,
-    or a two-level job. The hottest call of all: the checks of _plain and
-    _flat_world are written out here (each call and attribute read costs
-    30-100 ns, a third of a 4 KiB call's Python time)."""
+    or a two-level job. The hottest call of all: the checks of _world_plain
+    are written out here (each call and attribute read costs 30-100 ns, a
+    third of a 4 KiB call's Python time)."""
     state = runtime._state
     if (state is None or type(t) is not torch.Tensor or state.world_size == 1
             or reduce_type not in _REDUCE_TYPES):
@@ -211,13 +211,10 @@ def _world_all_reduce_into(t: Any, reduce_type: str) -> Optional[torch.Tensor]:
     world's reduction of contiguous CPU tensor ``t`` (``t`` untouched; a small
     one is read straight into the engine's slot, no copy first), or None,
     having done nothing, when the general path must run."""
-    state = runtime._state
-    if (state is None or type(t) is not torch.Tensor or state.world_size == 1
-            or reduce_type not in _REDUCE_TYPES):
+    plain = _world_plain(t)
+    if plain is None or reduce_type not in _REDUCE_TYPES:
         return None
-    name = _DTYPE_NAMES.get(t.dtype)
-    if name is None or t.layout is not _STRIDED or not t.is_cpu or not t.is_contiguous():
-        return None
+    state, name = plain
     nbytes = t.nbytes
     if state.hier is not None and nbytes >= _HIER_MIN_BYTES:
         return None
@@ -238,27 +235,33 @@ def _plain(t: Any) -> Optional[str]:
     return name
 
 
-def _flat_world(nbytes: int) -> Any:
-    """``ringlet.init()``'s world state when a collective of ``nbytes`` runs
-    as one engine call on its communicator (initialised, more than one rank,
-    not a two-level one), else None."""
+def _world_plain(t: Any) -> Any:
+    """``(world state, dtype name)`` when plain tensor ``t`` (see _plain) may
+    take a world collective's fast path (initialised, more than one rank),
+    else None: the checks of _plain and of the world in one call (each call
+    costs about 60 ns of a 3 us one). The caller still checks the two-level
+    size limit (``state.hier``)."""
     state = runtime._state
-    if state is None or state.world_size == 1:
+    if state is None or type(t) is not torch.Tensor or state.world_size == 1:
         return None
-    if state.hier is not None and nbytes >= _HIER_MIN_BYTES:
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None or t.layout is not _STRIDED or not t.is_cpu or not t.is_contiguous():
         return None
-    return state
+    return state, name
 
 
-def _fits(value: torch.Tensor, output: Any, name: str, nbytes: int, rows: int) -> bool:
+def _fits(value: torch.Tensor, output: Any, nbytes: int, rows: int) -> bool:
     """Whether ``output`` can take the result as it is: a plain tensor of
-    ``value``'s dtype ``name``, ``nbytes`` long, ``rows`` rows and ``value``'s
-    other dimensions, not overlapping ``value``."""
-    if _plain(output) != name or output.nbytes != nbytes:
+    ``value``'s dtype, ``nbytes`` long, ``rows`` rows and ``value``'s other
+    dimensions, not overlapping ``value``."""
+    if (type(output) is not torch.Tensor or output.dtype is not value.dtype
+            or output.layout is not _STRIDED or not output.is_cpu
+            or not output.is_contiguous() or output.nbytes != nbytes):
         return False
     if (value.dim() != 1 or output.dim() != 1) and output.shape != (rows, *value.shape[1:]):
         return False
-    return _disjoint(value, output)
+    pa, pb = value.data_ptr(), output.data_ptr()
+    return pa + value.nbytes <= pb or pb + nbytes <= pa
 
 
 def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -270,19 +273,20 @@ def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _world_all_gather(value: Any, output: Any) -> Optional[torch.Tensor]:
     """Fast path of the world all-gather along dim 0 (see _world_all_reduce);
     returns the output, or None having done nothing."""
-    name = _plain(value)
-    state = runtime._state
-    if name is None or state is None or value.dim() == 0:
+    plain = _world_plain(value)
+    if plain is None or value.dim() == 0:
         return None
-    n, nb = state.world_size, value.nbytes
-    if _flat_world(nb * n) is None:
+    state, name = plain
+    nb = value.nbytes
+    total = nb * state.world_size
+    if state.hier is not None and total >= _HIER_MIN_BYTES:
         return None
-    rows = value.shape[0] * n
+    rows = value.shape[0] * state.world_size
     if output is None:
         output = torch.empty((rows, *value.shape[1:]), dtype=value.dtype)
-    elif not _fits(value, output, name, nb * n, rows):
+    elif not _fits(value, output, total, rows):
         return None
-    state.comm.all_gather(value.data_ptr(), nb, output.data_ptr(), nb * n, name)
+    state.comm.all_gather(value.data_ptr(), nb, output.data_ptr(), total, name)
     return output
 
 
@@ -293,36 +297,37 @@ def _world_reduce_scatter(
     blocks (see _world_all_reduce); returns the output, or None having done
     nothing (also when ``shards`` is not the world size: the general path
     names that)."""
-    name = _plain(value)
-    if name is None or reduce_type not in _REDUCE_TYPES or value.dim() == 0:
+    plain = _world_plain(value)
+    if plain is None or reduce_type not in _REDUCE_TYPES or value.dim() == 0:
         return None
+    state, name = plain
     nb = value.nbytes
-    state = _flat_world(nb)
-    if state is None or shards != state.world_size:
+    if shards != state.world_size or (state.hier is not None and nb >= _HIER_MIN_BYTES):
         return None
     rows = value.shape[0]
     if rows % shards:
         return None
     if output is None:
         output = torch.empty((rows // shards, *value.shape[1:]), dtype=value.dtype)
-    elif not _fits(value, output, name, nb // shards, rows // shards):
+    elif not _fits(value, output, nb // shards, rows // shards):
         return None
     state.comm.reduce_scatter(
         value.data_ptr(), nb, output.data_ptr(), nb // shards, name, reduce_type
     )
-    _apply_scale(output, scale)
+    if scale != 1.0:
+        _apply_scale(output, scale)
     return output
 
 
 def _world_broadcast(t: Any, root: Any) -> bool:
     """Fast path of the world broadcast of one tensor in place (see
     _world_all_reduce); False, having done nothing, when it does not apply."""
-    name = _plain(t)
-    if name is None:
+    plain = _world_plain(t)
+    if plain is None or type(root) is not int:
         return False
+    state, name = plain
     nb = t.nbytes
-    state = _flat_world(nb)
-    if state is None or type(root) is not int or not 0 <= root < state.world_size:
+    if not 0 <= root < state.world_size or (state.hier is not None and nb >= _HIER_MIN_BYTES):
         return False
     state.comm.broadcast(t.data_ptr(), nb, name, root)
     return True
