@@ -465,67 +465,9 @@ def _any_source_job(rank: int, world: int, port: int) -> str:
     return "ok"
 
 
-def _tensor_kinds_and_results(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
-    # Sparse COO all_reduce (summed into each tensor), an expanded tensor
-    # (its aliased elements), meta tensors (nothing happens, as torch's meta
-    # kernels), the values of async work, all_gather_coalesced's layout:
-    # each against gloo in the same run.
-    for group in (None, gloo):
-        sp = torch.sparse_coo_tensor([[0, 2 + rank % 2]], [1.0 * rank, 2.0], (4,))
-        empty = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), [], (4,))
-        mats = torch.sparse_coo_tensor([[rank % 3], [1]], [[1.0 + rank, -1.0]], (3, 2, 2))
-        for t in (sp, empty, mats):
-            dense = t.to_dense()
-            sums = [torch.zeros_like(dense) for _ in range(world)]
-            dist.all_gather(sums, dense, group=group)
-            dist.all_reduce(t, group=group)
-            assert t.is_sparse
-            _same(t.to_dense(), sum(sums), f"sparse all_reduce ({group})")
-        ex = torch.tensor([float(rank + 1)]).expand(3)
-        dist.all_reduce(ex, group=group)
-        assert ex.tolist() == [world * (world + 1) / 2] * 3, ex
-        m = torch.empty(4, device="meta")
-        assert dist.all_reduce(m, group=group) is None
-        assert dist.broadcast(m, 0, group=group) is None
-        assert dist.all_gather([torch.empty(4, device="meta")] * world, m, group=group) is None
-        outs = [torch.empty(1) for _ in range(world)]
-        work = dist.all_gather(outs, torch.tensor([float(rank)]), group=group, async_op=True)
-        got = work.get_future().wait()
-        assert [v.item() for v in got] == list(range(world)) and got[0] is not None
-        out = torch.empty(2 * world)
-        work = dist.all_gather_into_tensor(out, torch.tensor([float(rank), 9.0]), group=group,
-                                           async_op=True)
-        got = work.get_future().wait()
-        assert [v.tolist() for v in got] == [[float(r), 9.0] for r in range(world)], got
-        lists = [[torch.empty(2), torch.empty(1)] for _ in range(world)]
-        dist.all_gather_coalesced(lists, [torch.full((2,), float(rank)),
-                                          torch.tensor([10.0 + rank])], group=group)
-        assert [[v.tolist() for v in lst] for lst in lists] == [
-            [[float(r)] * 2, [10.0 + r]] for r in range(world)]
-    # a receive buffer larger than the message: the front is filled (gloo, MPI)
-    for group in (None, gloo):
-        if rank == 0:
-            dist.send(torch.tensor([1.0, 2.0, 3.0]), 1, group=group)
-        elif rank == 1:
-            buf = torch.zeros(5)
-            dist.recv(buf, 0, group=group)
-            assert buf.tolist() == [1.0, 2.0, 3.0, 0.0, 0.0], buf
-    if rank == 0:  # also for a message received aside (another tag's receive came first)
-        dist.send(torch.tensor([4.0, 5.0, 6.0]), 1, tag=5)
-        dist.send(torch.tensor([7.0]), 1, tag=6)
-    elif rank == 1:
-        short, first = torch.zeros(2), torch.zeros(4)
-        dist.recv(short, 0, tag=6)
-        dist.recv(first, 0, tag=5)
-        assert short.tolist() == [7.0, 0.0] and first.tolist() == [4.0, 5.0, 6.0, 0.0]
-    # a size mismatch inside all_gather names all_gather (gloo aborts the process)
-    with pytest.raises(RuntimeError, match="all_gather: the ranks' tensor sizes"):
-        dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2 + rank % 2))
-    with pytest.raises(RuntimeError, match="all_reduce of a sparse tensor supports"):
-        dist.all_reduce(torch.sparse_coo_tensor([[0]], [1.0], (2,)), op=dist.ReduceOp.MAX)
-
-
 def test_receive_from_any_source_over_tcp() -> None:
+    """Receives from any source and tag matching over TCP, 3 ranks; also the
+    tensor kinds, future values and receive sizes of _ops_job over TCP."""
     out = launch(3, _any_source_job, free_port(), init=False, timeout=120, transport="tcp")
     assert out == {r: "ok" for r in range(3)}
 
