@@ -6,6 +6,7 @@ float tolerance for sums), asynchronous work and futures, subgroups, errors."""
 from __future__ import annotations
 
 import os
+import pickle
 from datetime import timedelta
 
 import pytest
@@ -381,6 +382,25 @@ def _tensor_kinds_and_results(rank: int, world: int, gloo: dist.ProcessGroup) ->
         dist.recv(short, 0, tag=6)
         dist.recv(first, 0, tag=5)
         assert short.tolist() == [7.0, 0.0] and first.tolist() == [4.0, 5.0, 6.0, 0.0]
+    # a future's callback that issues and waits for more collectives (as DDP's
+    # PowerSGD hook does), asynchronously and synchronously
+    for group in (None, gloo):
+        fut = dist.all_reduce(torch.ones(2), async_op=True, group=group).get_future()
+
+        def callback(f: torch.futures.Future, group: object = group) -> float:
+            inner = torch.full((1,), float(rank))
+            dist.all_reduce(inner, async_op=True, group=group).get_future().wait()
+            sync = torch.ones(1)
+            dist.all_reduce(sync, group=group)
+            return inner.item() + sync.item()
+
+        assert fut.then(callback).wait() == world * (world - 1) / 2 + world
+    # errors pickle, as their type (DCP gathers errors with all_gather_object)
+    with pytest.raises(RuntimeError) as caught:
+        dist.all_to_all_single(torch.empty(2 * world), torch.ones(2 * world), [1] * world,
+                               [3] * world)
+    back = pickle.loads(pickle.dumps(caught.value))
+    assert type(back).__name__ == type(caught.value).__name__ and str(back) == str(caught.value)
     # a size mismatch inside all_gather names all_gather (gloo aborts the process)
     with pytest.raises(RuntimeError, match="all_gather: the ranks' tensor sizes"):
         dist.all_gather([torch.empty(2) for _ in range(world)], torch.ones(2 + rank % 2))

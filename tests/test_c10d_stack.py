@@ -47,6 +47,25 @@ def _ddp(rank: int, **kw: object) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _powersgd(rank: int) -> list[torch.Tensor]:
+    # PowerSGD's hook issues collectives and waits for them inside future
+    # callbacks: those must not run on the thread that runs the collectives.
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(MLP())
+    state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                               start_powerSGD_iter=2, min_compression_rate=0.5)
+    model.register_comm_hook(state, psgd.powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        opt.zero_grad()
+        model(_batch(rank, step)).square().mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
 def _fsdp(rank: int, world: int) -> list[torch.Tensor]:
     from torch.distributed.fsdp import fully_shard
 
@@ -147,6 +166,21 @@ def _dcp(rank: int, world: int, path: str) -> list[torch.Tensor]:
     sd = get_model_state_dict(fresh)
     dcp.load(sd, checkpoint_id=path)
     set_model_state_dict(fresh, sd)
+    # The group's device types (what async_save and broadcasting a full state
+    # dict from rank 0 ask for), then both of those.
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    assert torch.device("cpu") in dist.group.WORLD._device_types
+    dcp.async_save(get_model_state_dict(model), checkpoint_id=path + "-async").result()
+    again = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    for layer in again:
+        fully_shard(layer)
+    fully_shard(again)
+    full = {k: v.full_tensor() for k, v in get_model_state_dict(model).items()}
+    set_model_state_dict(again, full if rank == 0 else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for a, b in zip(again.parameters(), model.parameters()):
+        assert torch.equal(a.full_tensor(), b.full_tensor())
     return [p.full_tensor().detach().clone() for p in fresh.parameters()] + [
         p.full_tensor().detach().clone() for p in model.parameters()]
 
@@ -165,6 +199,7 @@ def _stack_job(rank: int, world: int, port: int, tmp: str) -> dict[str, list]:
         r["ddp_opts"] = _ddp(rank, bucket_cap_mb=0.001, find_unused_parameters=True,
                              gradient_as_bucket_view=True)
         r["ddp_static"] = _ddp(rank, static_graph=True)
+        r["powersgd"] = _powersgd(rank)
         r["fsdp"] = _fsdp(rank, world)
         r["dtensor"] = _dtensor(rank, world)
         r["tp"] = _tp(rank, world)

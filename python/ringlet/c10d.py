@@ -26,10 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -116,11 +118,20 @@ class _DistErrors:
             both = type(kind.__name__, (kind, extra), {
                 "__module__": kind.__module__,
                 "__doc__": kind.__doc__,
+                # pickled as the original type (all_gather_object of errors,
+                # as DCP collects them): this class exists only here
+                "__reduce__": functools.partialmethod(_reduce_as, kind),
             })
             cls._cache[kind] = both
         new = both(*exc.args)
+        new.__dict__.update(exc.__dict__)  # rank, culprit, cause, op, group
         new.__cause__ = exc.__cause__
         return new.with_traceback(exc.__traceback__)
+
+
+def _reduce_as(exc: BaseException, kind: type) -> tuple[Any, ...]:
+    """Pickles ``exc`` as an instance of ``kind`` with its args and attributes."""
+    return kind, exc.args, exc.__dict__ or None
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -231,7 +242,10 @@ class Work(_CWork):
             self._exc, self._done = exc, True
             fut = self._fut
         if fut is not None:
-            self._complete(fut)
+            # Its callbacks may issue and wait for later operations of this
+            # group (DDP's PowerSGD hook does): they must not run on the
+            # thread that has to run those operations.
+            _COMPLETIONS.submit(functools.partial(self._complete, fut))
 
     def _complete(self, fut: torch.futures.Future) -> None:
         if self._exc is not None:
@@ -301,6 +315,43 @@ class Work(_CWork):
     def synchronize(self) -> None:
         """No-op: CPU operations need no stream synchronisation."""
 
+
+class _Completions:
+    """Threads that complete futures (and so run their callbacks) off the
+    progress threads. A completion never waits for a thread that is busy:
+    when none is free a new one starts, so a callback blocked on a later
+    operation (whose own completion comes here too) cannot deadlock. Threads
+    stay for later completions; there are as many as callbacks ever blocked
+    at once, plus one."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._tasks: collections.deque[Callable[[], None]] = collections.deque()
+        self._free = 0  # threads waiting for a task and not yet claimed
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._cv:
+            self._tasks.append(task)
+            if self._free:
+                self._free -= 1
+                self._cv.notify()
+                return
+        threading.Thread(target=self._serve, name="ringlet-completions", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                while not self._tasks:
+                    self._free += 1
+                    self._cv.wait()
+                task = self._tasks.popleft()
+            try:
+                task()
+            except BaseException as e:  # a future's own errors stay in the future
+                print(f"ringlet: completing a future failed: {e!r}", file=sys.stderr)
+
+
+_COMPLETIONS = _Completions()
 
 _DONE: Work  # a finished Work returned by synchronous calls (set below)
 
@@ -429,6 +480,11 @@ class ProcessGroupRinglet(ProcessGroup):
         self._coalescing: Optional[list[Work]] = None
         self._barriers = 0
         self._closed = False
+        # torch asks a group which devices it serves (`_device_types`: DCP's
+        # async_save, state dicts broadcast from rank 0, the group's default
+        # device). The group itself runs its operations, so the device is
+        # recorded without a separate Backend object.
+        self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, None)
         _live.add(self)
 
     # -- identity ------------------------------------------------------------
