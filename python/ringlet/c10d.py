@@ -325,6 +325,11 @@ class _Completions:
     at once, plus one."""
 
     def __init__(self) -> None:
+        self._reset()
+        # A forked child has none of the parent's threads: start afresh there.
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._cv = threading.Condition()
         self._tasks: collections.deque[Callable[[], None]] = collections.deque()
         self._free = 0  # threads waiting for a task and not yet claimed
