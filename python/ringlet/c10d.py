@@ -224,6 +224,7 @@ class Work(_CWork):
         self._fut: Optional[torch.futures.Future] = None
         self._lock = threading.Lock()
         self._source = rank
+        self._completing: Optional[threading.Event] = None  # set once the future's callbacks ran
 
     # Runs on the progress thread (or in a waiter that runs queued jobs).
     def _run(self, fn: Callable[[], Any]) -> Callable[[], None]:
@@ -239,13 +240,25 @@ class Work(_CWork):
 
     def _finish(self, exc: Optional[BaseException]) -> None:
         with self._lock:
-            self._exc, self._done = exc, True
+            self._exc = exc
             fut = self._fut
-        if fut is not None:
-            # Its callbacks may issue and wait for later operations of this
-            # group (DDP's PowerSGD hook does): they must not run on the
-            # thread that has to run those operations.
-            _COMPLETIONS.submit(functools.partial(self._complete, fut))
+            if fut is None:
+                self._done = True
+                return
+            self._completing = threading.Event()
+        # The future's callbacks may issue and wait for later operations of
+        # this group (DDP's PowerSGD hook does): they must not run on the
+        # thread that has to run those operations. As with gloo, the work
+        # counts as completed (wait() returns) once they have run.
+        _COMPLETIONS.submit(functools.partial(self._complete_then_done, fut))
+
+    def _complete_then_done(self, fut: torch.futures.Future) -> None:
+        try:
+            self._complete(fut)
+        finally:
+            with self._lock:
+                self._done = True
+            self._completing.set()
 
     def _complete(self, fut: torch.futures.Future) -> None:
         if self._exc is not None:
@@ -265,7 +278,8 @@ class Work(_CWork):
         """
         secs = timeout.total_seconds() if timeout else 0.0
         limit = secs if secs > 0 else self._timeout
-        if not self._done and not self._queue.wait(self._ticket, limit):
+        if not self._done and (not self._queue.wait(self._ticket, limit) or (
+                self._completing is not None and not self._completing.wait(limit))):
             raise _DistErrors.convert(errors.CollectiveTimeoutError(
                 f"rank {runtime_rank()}: Work.wait timed out after "
                 f"{limit:g}s; the operation has not finished"
