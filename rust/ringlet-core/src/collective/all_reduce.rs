@@ -42,25 +42,11 @@ const TCP_CHUNK: usize = 1 << 20;
 impl Communicator {
     /// Reduces `buf` (elements of `dtype`) across all ranks, in place.
     pub fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        op.check(dtype)?;
-        let count = super::elements(buf.len(), dtype, OP)?;
-        self.guarded(|c| {
-            let desc = c.next_desc(OpKind::AllReduce, dtype, Some(op), count, 0);
-            match &mut c.link {
-                Link::Local => Ok(()),
-                Link::Shm { shm, .. } => shm_all_reduce(shm, &c.cfg, desc, buf, dtype, op),
-                Link::Tcp(mesh) => {
-                    mesh.agree(&desc, c.cfg.timeout)?;
-                    tcp_all_reduce(mesh, &c.cfg, buf, dtype, op)
-                }
-            }
-        })
+        self.reduce_all(None, buf, dtype, op)
     }
-}
 
-impl Communicator {
     /// Reduces `input` across all ranks into `out` (the same length),
-    /// leaving `input` untouched: the out-of-place form. A small
+    /// leaving `input` untouched: the out-of-place form. A one-phase
     /// shared-memory call copies `input` straight into this rank's slot and
     /// reduces the slots into `out` (no extra copy); any other copies
     /// `input` into `out` and reduces there in place.
@@ -78,27 +64,54 @@ impl Communicator {
                 out.len()
             )));
         }
-        let small = match &self.link {
-            Link::Shm { shm, .. } => input.len() <= self.cfg.small_bytes.min(shm.half_bytes()),
-            _ => false,
-        };
-        if !small {
-            out.copy_from_slice(input);
-            return self.all_reduce(out, dtype, op);
-        }
+        self.reduce_all(Some(input), out, dtype, op)
+    }
+
+    /// The all-reduce into `buf`, of `input` when given (else of `buf`).
+    fn reduce_all(
+        &mut self,
+        input: Option<&[u8]>,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
         op.check(dtype)?;
-        let count = super::elements(input.len(), dtype, OP)?;
+        let count = super::elements(buf.len(), dtype, OP)?;
         self.guarded(|c| {
             let desc = c.next_desc(OpKind::AllReduce, dtype, Some(op), count, 0);
-            let Link::Shm { shm, .. } = &mut c.link else {
-                return Err(Error::InvalidArgument(format!("{OP}: no shared memory")));
-            };
-            shm.next_half();
-            shm.put(0, input);
-            shm.arrive(&desc)?;
-            shm.reduce_all_slots(dtype, op, 0, out)
+            if let (Some(src), Link::Shm { shm, .. }) = (input, &mut c.link) {
+                if one_phase(shm, &c.cfg, buf.len()) {
+                    stage(shm, &desc, src)?;
+                    return shm.reduce_all_slots(dtype, op, 0, buf);
+                }
+            }
+            if let Some(src) = input {
+                buf.copy_from_slice(src);
+            }
+            match &mut c.link {
+                Link::Local => Ok(()),
+                Link::Shm { shm, .. } => shm_all_reduce(shm, &c.cfg, desc, buf, dtype, op),
+                Link::Tcp(mesh) => {
+                    mesh.agree(&desc, c.cfg.timeout)?;
+                    tcp_all_reduce(mesh, &c.cfg, buf, dtype, op)
+                }
+            }
         })
     }
+}
+
+/// Whether an all-reduce of `n` bytes takes the one-phase path: every rank
+/// stages its buffer in its slot and reduces all slots.
+fn one_phase(shm: &ShmGroup, cfg: &Config, n: usize) -> bool {
+    n <= cfg.small_bytes.min(shm.half_bytes())
+}
+
+/// The one-phase path's staging: `input` into this rank's slot, then the
+/// phase that makes every slot readable.
+fn stage(shm: &mut ShmGroup, desc: &OpDesc, input: &[u8]) -> Result<()> {
+    shm.next_half();
+    shm.put(0, input);
+    shm.arrive(desc)
 }
 
 fn shm_all_reduce(
@@ -111,10 +124,8 @@ fn shm_all_reduce(
 ) -> Result<()> {
     let (n, esz) = (buf.len(), dtype.size());
     let (p, r) = (shm.size(), shm.rank());
-    if n <= cfg.small_bytes.min(shm.half_bytes()) {
-        shm.next_half();
-        shm.put(0, buf);
-        shm.arrive(&desc)?;
+    if one_phase(shm, cfg, n) {
+        stage(shm, &desc, buf)?;
         return shm.reduce_all_slots(dtype, op, 0, buf);
     }
     let count = n / esz;
