@@ -173,14 +173,21 @@ def _sizes_of(op: str, rule: str) -> Iterator[None]:
     try:
         yield
     except errors.CollectiveMismatchError as e:
-        detail = str(e)
-        head = detail.split(": ", 1)
-        if len(head) == 2 and head[0].startswith("rank "):
-            detail = head[1]
-        new = type(e)(f"{head[0]}: {op}: the ranks' tensor sizes do not fit together "
+        where, _, detail = str(e).partition(": ")
+        if not (where.startswith("rank ") and detail):
+            where, detail = f"rank {runtime_rank()}", str(e)
+        new = type(e)(f"{where}: {op}: the ranks' tensor sizes do not fit together "
                       f"({rule}); the engine found: {detail}")
         new.__dict__.update(e.__dict__)
         raise new from None
+
+
+def _gather_ragged(comm: Any, size: int, inp: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Every rank's ``inp`` (rank r's holding ``counts[r]`` elements),
+    concatenated flat in rank order: one all-to-all sending ``inp`` to all."""
+    flat = torch.empty(sum(counts), dtype=inp.dtype)
+    _exchange(comm, inp.reshape(-1).repeat(size), [inp.numel()] * size, flat, counts)
+    return flat
 
 
 def _only_meta(args: Any) -> bool:
@@ -778,9 +785,7 @@ class ProcessGroupRinglet(ProcessGroup):
             if rows.is_complex():
                 rows = torch.view_as_real(rows)
             per = math.prod(rows.shape[1:])
-            flat = torch.empty(sum(counts) * per, dtype=rows.dtype)
-            send = rows.reshape(-1).repeat(self._size)
-            _exchange(comm, send, [rows.numel()] * self._size, flat, [c * per for c in counts])
+            flat = _gather_ragged(comm, self._size, rows, [c * per for c in counts])
             return flat.view(sum(counts), *rows.shape[1:])
 
         def run() -> None:
@@ -860,10 +865,8 @@ class ProcessGroupRinglet(ProcessGroup):
                 )
             return
         # Ragged: every rank sends its input to every rank.
-        flat = torch.empty(sum(o.numel() for o in outs), dtype=inp.dtype)
-        send = inp.reshape(-1).repeat(self._size)
         with _sizes_of("all_gather", "output tensor r must have rank r's input size"):
-            _exchange(comm, send, [n] * self._size, flat, [o.numel() for o in outs])
+            flat = _gather_ragged(comm, self._size, inp, [o.numel() for o in outs])
         _split_into(flat, outs)
 
     def allgather(

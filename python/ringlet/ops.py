@@ -34,7 +34,6 @@ from . import collectives as _c
 from . import runtime
 from ._engine import (
     _world_all_gather,
-    _world_all_reduce,
     _world_all_reduce_into,
     _world_broadcast,
     _world_reduce_scatter,
@@ -67,12 +66,21 @@ def _dim(dim: int, ndim: int) -> int:
 # -- the collectives (CPU kernels) -------------------------------------------
 
 
+def _all_reduce_direct(x: Tensor, reduce_type: str, scale: float) -> Optional[Tensor]:
+    """The world all-reduce of plain ``x`` into a new tensor, scaled (one
+    engine call that reads ``x`` itself); None when the general path must run."""
+    out = _world_all_reduce_into(x, reduce_type)
+    if out is not None and scale != 1.0:
+        _c._apply_scale(out, scale)
+    return out
+
+
 def _all_reduce_cpu(x: Tensor, reduce_type: str = "sum", scale: float = 1.0) -> Tensor:
+    out = _all_reduce_direct(x, reduce_type, scale)
+    if out is not None:
+        return out
     out = x.clone(memory_format=torch.contiguous_format)
-    if _world_all_reduce(out, reduce_type):
-        if scale != 1.0:
-            _c._apply_scale(out, scale)
-    elif _world() > 1:
+    if _world() > 1:
         _c.all_reduce(reduce_type, [out], scale=scale)
     elif scale != 1.0:
         _c._apply_scale(out, scale)
@@ -388,12 +396,7 @@ class _EagerPacket(torch._ops.OpOverloadPacket):
 
 
 def _all_reduce_fast(x: Tensor, reduce_type: Any = "sum", scale: Any = 1.0) -> Optional[Tensor]:
-    if type(scale) not in _NUMBER:
-        return None
-    out = _world_all_reduce_into(x, reduce_type)
-    if out is not None and scale != 1.0:
-        _c._apply_scale(out, scale)
-    return out
+    return _all_reduce_direct(x, reduce_type, scale) if type(scale) in _NUMBER else None
 
 
 def _all_gather_fast(x: Tensor, dim: Any = 0) -> Optional[Tensor]:
