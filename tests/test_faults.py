@@ -291,6 +291,62 @@ def test_stopped_rank_times_out_named_and_raises_after_sigcont(transport: str) -
     assert int(out[VICTIM]["ok"]) <= min(int(out[r]["ok"]) for r in (0, 1, 3)), out  # type: ignore[call-overload]
 
 
+def _chain_of_waits(rank: int, world: int, gave_up: object) -> dict[str, object]:
+    # Rank 0 waits for rank 1, which (busy for a while first) waits for rank
+    # 2, which hangs outside ringlet: rank 0 times out first and blames rank
+    # 1, whose own verdict (rank 2) comes later and must win everywhere.
+    msg = torch.empty(4)
+    if rank == 0:
+        ringlet.send(torch.ones(4), 1)  # connect the pairs 0-1 and 1-2
+    elif rank == 1:
+        ringlet.recv(msg, 0)
+        ringlet.send(torch.ones(4), 2)
+    else:
+        ringlet.recv(msg, 1)
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            ringlet.recv(msg, 1)
+        elif rank == 1:
+            while time.monotonic() - start < 0.6:  # work before its own wait
+                torch.ones(256, 256).sum()
+            ringlet.recv(msg, 2)
+        else:
+            gave_up.wait(60)  # type: ignore[attr-defined]  # hung until the others gave up
+            ringlet.send(msg, 1)
+        raise AssertionError("returned")
+    except ringlet.RingletError as e:
+        err = e
+    after = time.monotonic() - start
+    if rank != 2:
+        gave_up.wait(60)  # type: ignore[attr-defined]
+    return {"type": type(err).__name__, "culprit": err.culprit, "cause": err.cause,
+            "msg": str(err), "after": after, "again": _culprit_of_next_call()}
+
+
+def _culprit_of_next_call() -> object:
+    try:
+        ringlet.barrier()
+    except ringlet.RingletError as e:
+        return e.culprit
+    return None
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_chain_of_waits_is_blamed_on_the_rank_it_ends_at(transport: str) -> None:
+    import torch.multiprocessing as mp
+
+    gave_up = mp.get_context("spawn").Barrier(3)
+    out = launch(3, _chain_of_waits, gave_up, transport=transport, comm_timeout=2.0,
+                 timeout=90)
+    for rank, r in out.items():
+        assert r["culprit"] == 2 and r["cause"] == "timeout", (rank, r)
+        assert "rank 2 did not arrive within the timeout" in str(r["msg"]), (rank, r)
+        assert r["again"] == 2, (rank, r)
+    # rank 0: its timeout, its grace, then rank 1's answer (0.6 s later)
+    assert 2.0 < float(out[0]["after"]) < 2.0 + 1.0 + 1.0 + 2.0, out[0]  # type: ignore[arg-type]
+
+
 def _aborted_from_a_thread(rank: int, world: int) -> dict[str, object]:
     groups = [[0, 1], [2]]
     ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(3)], groups=groups)  # connect

@@ -114,6 +114,17 @@ impl Tripwire {
         }
     }
 
+    /// Replaces the recorded failure `old` by `new` (the same failure traced
+    /// further back, see `Communicator::follow_blame`); another recorded
+    /// failure is kept.
+    pub(crate) fn revise(&self, old: &Error, new: Error) {
+        if let Ok(mut f) = self.fault.lock() {
+            if f.as_ref() == Some(old) {
+                *f = Some(new);
+            }
+        }
+    }
+
     /// Records `fault` (the first one counts) and marks the wire tripped,
     /// telling no one yet; true when this was the first trip.
     fn arm(&self, fault: Error) -> bool {
@@ -226,6 +237,22 @@ pub fn trip_domain(domain: u64, fault: &Error, culprit: usize, cause: Cause) {
     let armed: Vec<&Arc<Tripwire>> = wires.iter().filter(|w| w.arm(fault.clone())).collect();
     for w in armed {
         w.announce(culprit, cause);
+    }
+}
+
+/// `Tripwire::revise` for every live communicator of `domain`.
+pub(crate) fn revise_domain(domain: u64, old: &Error, new: &Error) {
+    if domain == 0 {
+        return;
+    }
+    if let Ok(d) = DOMAINS.lock() {
+        for w in d
+            .iter()
+            .filter(|(id, _)| *id == domain)
+            .filter_map(|(_, w)| w.upgrade())
+        {
+            w.revise(old, new.clone());
+        }
     }
 }
 

@@ -150,7 +150,8 @@ impl Communicator {
         if size == 1 {
             return Ok(Communicator::single(cfg));
         }
-        let mesh = TcpMesh::connect(rank, addrs, listener, token, cfg.timeout)?;
+        let mut mesh = TcpMesh::connect(rank, addrs, listener, token, cfg.timeout)?;
+        mesh.set_members(&cfg.members);
         let one_host = hosts.iter().all(|h| *h == hosts[0]);
         let link = if one_host && !cfg.force_tcp {
             match ShmGroup::establish(
@@ -271,9 +272,30 @@ impl Communicator {
             };
             if e.is_fatal() {
                 self.abort(e.clone());
+                return self.follow_blame(e);
             }
             e
         })
+    }
+
+    /// After blaming a peer for a timeout (and telling every peer): the
+    /// blamed rank may answer that it was itself waiting for another;
+    /// the failure recorded (here and in the domain) becomes the rank the
+    /// chain of waits ends at.
+    fn follow_blame(&mut self, e: Error) -> Error {
+        let end = match &self.link {
+            Link::Local => return e,
+            Link::Tcp(mesh) => {
+                mesh.follow_blame(e.clone(), self.cfg.timeout, &self.cfg.name, self.op)
+            }
+            Link::Shm { shm, .. } => shm.follow_blame(e.clone(), &self.cfg.name, self.op),
+        };
+        if end != e {
+            self.wire.revise(&e, end.clone());
+            fault::revise_domain(self.cfg.domain, &e, &end);
+            self.failure = Some(end.clone());
+        }
+        end
     }
 
     /// The message `peer` has started sending on this two-rank communicator

@@ -13,6 +13,7 @@ pub mod shm;
 pub mod tcp;
 
 use crate::dtype::{DType, ReduceOp};
+use crate::error::{Cause, Error};
 use std::time::{Duration, Instant};
 
 /// Which collective an operation is; part of the cross-rank agreement check.
@@ -183,4 +184,121 @@ impl WaitPolicy {
     pub fn deadline(&self) -> Instant {
         Instant::now() + self.timeout
     }
+}
+
+// -- Whom to blame for a timeout ----------------------------------------------
+//
+// A rank that waits for a peer longer than the timeout blames it, but the
+// peer may itself be waiting for a third rank: the rank that stopped is at
+// the end of a chain of waits, and only the ranks next to it see it
+// directly. Three rules make every rank name the end of the chain:
+// 1. a rank that times out first waits a grace for a notice (a peer that
+//    gives up meanwhile names the culprit it found);
+// 2. a rank blamed by a peer's notice while it has itself been waiting,
+//    running, for at least the grace, answers at once with its own verdict
+//    (`answer_blame`);
+// 3. a rank that blamed a peer then waits up to a grace for that peer's
+//    notice and adopts the rank it names, along the chain (`follow_blame`).
+
+/// How long a rank that timed out waits for a notice before it blames the
+/// peer it waited for, and then for the blamed rank's answer.
+pub(crate) fn grace(timeout: Duration) -> Duration {
+    (timeout / 2).min(Duration::from_secs(2))
+}
+
+/// How long a blocked wait has gone without progress, and whether this
+/// process was stopped meanwhile (two turns of the wait further apart than
+/// the grace: SIGSTOP, a debugger, a suspended machine).
+pub(crate) struct Waiting {
+    pub(crate) since: Instant,
+    last_turn: Instant,
+    stalled: bool,
+    grace: Duration,
+}
+
+impl Waiting {
+    pub(crate) fn new(timeout: Duration) -> Waiting {
+        let now = Instant::now();
+        Waiting {
+            since: now,
+            last_turn: now,
+            stalled: false,
+            grace: grace(timeout),
+        }
+    }
+
+    /// One turn of the wait.
+    pub(crate) fn tick(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.last_turn) >= self.grace {
+            self.stalled = true;
+        }
+        self.last_turn = now;
+    }
+
+    /// Progress: the wait starts again.
+    pub(crate) fn progressed(&mut self) {
+        self.since = Instant::now();
+        self.stalled = false;
+    }
+}
+
+/// Rule 2: `e` came from a peer's notice. When it blames this rank (group
+/// rank `rank`, global `me`) for a timeout while this rank has been waiting
+/// for `late`, running all along, for at least the grace, the peer waited
+/// for this rank while this rank waited for `late`: the answer is this
+/// rank's own verdict. A rank that was stopped meanwhile, or that arrives
+/// late, keeps the blame.
+pub(crate) fn answer_blame(
+    e: Error,
+    rank: usize,
+    me: usize,
+    late: usize,
+    op: &'static str,
+    w: &Waiting,
+) -> Error {
+    let blamed_me = matches!(
+        e,
+        Error::Timeout { peer, via: Some(_), .. } if peer == me
+    );
+    let waited = w.since.elapsed();
+    if blamed_me && !w.stalled && waited >= w.grace && late != rank {
+        Error::timeout(rank, late, op, waited)
+    } else {
+        e
+    }
+}
+
+/// Rule 3: after this rank blamed a rank for a timeout (`e`, global ranks)
+/// and told its peers, waits up to the grace for the blamed rank's own
+/// notice (`await_notice(group rank, deadline)`) and, when it names another
+/// rank that timed out, follows on to that one.
+pub(crate) fn follow_blame(
+    mut e: Error,
+    rank: usize,
+    members: &[usize],
+    timeout: Duration,
+    name: &str,
+    call: &'static str,
+    mut await_notice: impl FnMut(usize, Instant) -> Option<(usize, Cause)>,
+) -> Error {
+    let me = members.get(rank).copied().unwrap_or(rank);
+    let deadline = Instant::now() + grace(timeout);
+    let mut seen = vec![me];
+    while let Some((culprit, Cause::TimedOut)) = e.origin(me) {
+        if seen.contains(&culprit) {
+            break;
+        }
+        seen.push(culprit);
+        let Some(x) = members.iter().position(|&g| g == culprit) else {
+            break;
+        };
+        match await_notice(x, deadline) {
+            Some((next, cause)) if next != culprit && next != me => {
+                e = Error::from_notice(rank, x, call, next, cause).globalize(members, name, call);
+            }
+            _ => break,
+        }
+    }
+    e
 }

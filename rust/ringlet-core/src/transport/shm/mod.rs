@@ -27,7 +27,7 @@ use crate::fault::Tripwire;
 use crate::reduce;
 use crate::sys;
 use crate::transport::tcp::{TcpMesh, Xfer};
-use crate::transport::{check_agreement, OpDesc, WaitPolicy, DESC_WORDS};
+use crate::transport::{check_agreement, grace, OpDesc, WaitPolicy, Waiting, DESC_WORDS};
 use segment::Segment;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
@@ -76,6 +76,8 @@ pub struct ShmGroup {
     /// Streams to each peer, only used to notice that a peer's process died.
     liveness: Vec<Option<RawFd>>,
     pids: Vec<u32>,
+    /// Global rank of each group rank (notices name global ranks).
+    members: Vec<usize>,
     cma: bool,
     /// Value of our own counter (we are its only writer).
     counter: u32,
@@ -175,6 +177,7 @@ impl ShmGroup {
                 .map(|p| if p == rank { None } else { mesh.fd(p) })
                 .collect(),
             pids,
+            members: mesh.members(),
             cma,
             counter,
             half: 0,
@@ -281,7 +284,10 @@ impl ShmGroup {
             }
             sys::yield_now();
         }
+        let mut w = Waiting::new(self.policy.timeout);
+        w.since = start;
         loop {
+            w.tick();
             c.sleepers.fetch_add(1, Ordering::SeqCst);
             let seen = c.counter.load(Ordering::SeqCst);
             if !reached(seen) {
@@ -301,12 +307,12 @@ impl ShmGroup {
                 return Err(if self.wire.tripped() {
                     self.wire.fault()
                 } else {
-                    e
+                    self.answer_blame(e, peer, op, &w)
                 });
             }
             let waited = start.elapsed();
             if waited >= self.policy.timeout {
-                return Err(self.settle(peer, op, waited));
+                return Err(self.settle(peer, op, waited, w));
             }
         }
     }
@@ -344,23 +350,57 @@ impl ShmGroup {
     /// Decides whom to blame after `late` did not arrive in time: a peer
     /// that gives up meanwhile (the rank `late` itself waits for may time out
     /// a moment later and publish the real culprit) or is gone, else `late`.
-    fn settle(&self, late: usize, op: &'static str, waited: Duration) -> Error {
-        let deadline = Instant::now() + (self.policy.timeout / 2).min(Duration::from_secs(2));
+    fn settle(&self, late: usize, op: &'static str, waited: Duration, mut w: Waiting) -> Error {
+        let deadline = Instant::now() + grace(self.policy.timeout);
         loop {
             if self.wire.tripped() {
                 return self.wire.fault();
             }
+            w.tick();
             if let Some(e) = (0..self.size)
                 .filter(|&p| p != self.rank)
                 .find_map(|p| self.peer_gone(p, op))
             {
-                return e;
+                return self.answer_blame(e, late, op, &w);
             }
             if Instant::now() >= deadline {
                 return Error::timeout(self.rank, late, op, waited);
             }
             let _ = sys::poll(&mut [], Duration::from_millis(5));
         }
+    }
+
+    /// [`super::answer_blame`] for this rank.
+    fn answer_blame(&self, e: Error, late: usize, op: &'static str, w: &Waiting) -> Error {
+        super::answer_blame(e, self.rank, self.members[self.rank], late, op, w)
+    }
+
+    /// [`super::follow_blame`] over the control blocks.
+    pub(crate) fn follow_blame(&self, e: Error, name: &str, call: &'static str) -> Error {
+        let timeout = self.policy.timeout;
+        super::follow_blame(
+            e,
+            self.rank,
+            &self.members,
+            timeout,
+            name,
+            call,
+            |x, until| loop {
+                let c = self.seg.ctl(x);
+                if c.state.load(Ordering::Acquire) == STATE_ABORTED {
+                    let culprit = c.notice_culprit.load(Ordering::SeqCst) as usize;
+                    let cause = Cause::from_code(c.notice_cause.load(Ordering::SeqCst))?;
+                    return Some((culprit, cause));
+                }
+                if c.state.load(Ordering::Acquire) == STATE_LEFT
+                    || self.liveness[x].is_some_and(sys::stream_closed)
+                    || Instant::now() >= until
+                {
+                    return None;
+                }
+                let _ = sys::poll(&mut [], Duration::from_millis(5));
+            },
+        )
     }
 
     /// Explains a failed cross-memory transfer with `peer`: it gave up (and

@@ -7,7 +7,7 @@
 use crate::error::{Cause, Error, Result};
 use crate::fault::{decode_notice, Tripwire, NOTICE_BYTES};
 use crate::sys;
-use crate::transport::{check_agreement, OpDesc, DESC_WORDS};
+use crate::transport::{check_agreement, grace, OpDesc, Waiting, DESC_WORDS};
 use std::cell::Cell;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -151,6 +151,9 @@ pub struct TcpMesh {
     /// the peer's abort notice if it sent one.
     tails: Vec<Cell<[u8; NOTICE_BYTES]>>,
     wire: Arc<Tripwire>,
+    /// Global rank of each group rank (empty: the same numbers). Notices
+    /// name global ranks.
+    members: Vec<usize>,
 }
 
 /// Binds a listening socket on `addr` (port 0 picks a free port).
@@ -264,7 +267,72 @@ impl TcpMesh {
             tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
             streams,
             wire,
+            members: Vec::new(),
         })
+    }
+
+    /// Sets the global rank of each group rank (notices name global ranks).
+    pub(crate) fn set_members(&mut self, members: &[usize]) {
+        self.members = members.to_vec();
+    }
+
+    /// The global rank of every group rank.
+    pub(crate) fn members(&self) -> Vec<usize> {
+        (0..self.size())
+            .map(|r| self.members.get(r).copied().unwrap_or(r))
+            .collect()
+    }
+
+    /// [`super::answer_blame`] for this rank.
+    fn answer_blame(&self, e: Error, late: usize, op: &'static str, w: &Waiting) -> Error {
+        let me = self.members.get(self.rank).copied().unwrap_or(self.rank);
+        super::answer_blame(e, self.rank, me, late, op, w)
+    }
+
+    /// [`super::follow_blame`] over this mesh's streams.
+    pub(crate) fn follow_blame(
+        &self,
+        e: Error,
+        timeout: Duration,
+        name: &str,
+        call: &'static str,
+    ) -> Error {
+        super::follow_blame(
+            e,
+            self.rank,
+            &self.members(),
+            timeout,
+            name,
+            call,
+            |x, until| self.await_notice(x, until),
+        )
+    }
+
+    /// Reads `peer`'s stream (this rank is failing: the bytes are discarded)
+    /// until it ends or `deadline` passes; the notice it ended with.
+    fn await_notice(&self, peer: usize, deadline: Instant) -> Option<(usize, Cause)> {
+        let fd = self.fd(peer)?;
+        let mut scratch = vec![0u8; 64 << 10];
+        loop {
+            match sys::recv_now(fd, &mut scratch) {
+                Ok(0) => return decode_notice(&self.tails[peer].get()),
+                Ok(n) => self.note_tail(peer, &scratch[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    let mut p = [libc::pollfd {
+                        fd,
+                        events: libc::POLLIN | libc::POLLRDHUP,
+                        revents: 0,
+                    }];
+                    let _ = sys::poll(&mut p, left.min(POLL_SLICE));
+                }
+                Err(_) => return decode_notice(&self.tails[peer].get()),
+            }
+        }
     }
 
     /// The failure flag of the communicator this mesh belongs to.
@@ -395,14 +463,24 @@ impl TcpMesh {
         timeout: Duration,
         mut after: impl FnMut(&[Xfer<'_>]) -> Result<()>,
     ) -> Result<()> {
-        let mut last_progress = Instant::now();
+        let mut w = Waiting::new(timeout);
+        let late = |xfers: &[Xfer<'_>]| {
+            xfers
+                .iter()
+                .find(|x| !x.finished())
+                .map_or(self.rank, Xfer::peer)
+        };
         loop {
             if self.wire.tripped() {
                 return Err(self.wire.fault());
             }
+            w.tick();
             let mut progressed = false;
-            for x in xfers.iter_mut() {
-                progressed |= self.progress(x, op)?;
+            for i in 0..xfers.len() {
+                match self.progress(&mut xfers[i], op) {
+                    Ok(moved) => progressed |= moved,
+                    Err(e) => return Err(self.answer_blame(e, late(xfers), op, &w)),
+                }
             }
             if progressed {
                 after(xfers)?;
@@ -410,15 +488,10 @@ impl TcpMesh {
             if xfers.iter().all(Xfer::finished) {
                 return Ok(());
             }
-            let now = Instant::now();
             if progressed {
-                last_progress = now;
-            } else if now.duration_since(last_progress) >= timeout {
-                let peer = xfers
-                    .iter()
-                    .find(|x| !x.finished())
-                    .map_or(self.rank, Xfer::peer);
-                return Err(self.settle(peer, op, timeout));
+                w.progressed();
+            } else if w.since.elapsed() >= timeout {
+                return Err(self.settle(late(xfers), op, timeout, w));
             }
             if !progressed {
                 let pending: Vec<&Xfer> = xfers.iter().filter(|x| !x.finished()).collect();
@@ -434,7 +507,7 @@ impl TcpMesh {
                         revents: 0,
                     });
                 }
-                let left = timeout.saturating_sub(now.duration_since(last_progress));
+                let left = timeout.saturating_sub(w.since.elapsed());
                 sys::poll(&mut fds, left.min(POLL_SLICE))?;
                 if fds.iter().all(|p| p.revents == 0) {
                     crate::fault::check_interrupt(self.rank)?;
@@ -447,7 +520,8 @@ impl TcpMesh {
                         .iter()
                         .any(|y| matches!(y, Xfer::Recv { .. }) && y.peer() == peer);
                     if p.revents & HANGUP != 0 && !receiving {
-                        return Err(self.drain_error(peer, op));
+                        let e = self.drain_error(peer, op);
+                        return Err(self.answer_blame(e, late(xfers), op, &w));
                     }
                 }
             }
@@ -546,19 +620,21 @@ impl TcpMesh {
     /// a peer that gives up meanwhile (the rank `late` itself waits for may
     /// time out a moment later and send the real culprit), else `late`,
     /// unreachable when data sent to it goes unacknowledged.
-    fn settle(&self, late: usize, op: &'static str, waited: Duration) -> Error {
-        let deadline = Instant::now() + (waited / 2).min(Duration::from_secs(2));
+    fn settle(&self, late: usize, op: &'static str, waited: Duration, mut w: Waiting) -> Error {
+        let deadline = Instant::now() + grace(waited);
         loop {
             if self.wire.tripped() {
                 return self.wire.fault();
             }
+            w.tick();
             let (peers, mut fds) = self.hangup_pollfds();
             let left = deadline.saturating_duration_since(Instant::now());
             if sys::poll(&mut fds, left.min(POLL_SLICE)).is_err() {
                 break;
             }
             if let Some(i) = fds.iter().position(|p| p.revents & HANGUP != 0) {
-                return self.drain_error(peers[i], op);
+                let e = self.drain_error(peers[i], op);
+                return self.answer_blame(e, late, op, &w);
             }
             if left.is_zero() {
                 break;
