@@ -43,9 +43,11 @@ def local(t: torch.Tensor, rank: int) -> torch.Tensor:
     return t[rank * LOCAL_BATCH : (rank + 1) * LOCAL_BATCH]
 
 
-def train(model: torch.nn.Module, rank: int, world: int, sharded: bool) -> list[torch.Tensor]:
+def train(
+    model: torch.nn.Module, rank: int, world: int, sharded: bool, device: str = "cpu"
+) -> list[torch.Tensor]:
     """STEPS steps; odd steps accumulate two micro-batches (the first under
-    ``no_sync`` when the model has it)."""
+    ``no_sync`` when the model has it); the batches are moved to ``device``."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.MSELoss()
     for step in range(STEPS):
@@ -55,6 +57,7 @@ def train(model: torch.nn.Module, rank: int, world: int, sharded: bool) -> list[
             x, y = batch(step, micro, world)
             if sharded:
                 x, y = local(x, rank), local(y, rank)
+            x, y = x.to(device), y.to(device)
             last = micro == micros - 1
             ctx = model.no_sync() if (sharded and not last) else contextlib.nullcontext()
             with ctx:
@@ -109,6 +112,32 @@ def ddp_ranks(rank: int, world: int, gloo_port: int) -> list[list[float]]:
 def test_ddp_matches_single_process_and_torch_ddp(world: int) -> None:
     out = launch(world, ddp_ranks, free_port(), timeout=120)
     assert all(out[r] == out[0] for r in range(world)), "ranks diverged"
+
+
+def cuda_ddp_ranks(rank: int, world: int) -> list[list[float]]:
+    dev = f"cuda:{rank % torch.cuda.device_count()}"
+    torch.manual_seed(0)
+    reference = Net()
+    torch.manual_seed(rank)
+    mine = Net().to(dev)
+    model = ringlet.DistributedDataParallel(mine, bucket_cap_mb=0.002)
+    for a, b in zip(mine.parameters(), reference.parameters()):
+        assert a.is_cuda and torch.equal(a.cpu(), b), "parameters not broadcast from rank 0"
+    got = [p.cpu() for p in train(model, rank, world, sharded=True, device=dev)]
+    want = train(copy.deepcopy(reference), rank, world, sharded=False)
+    for (n, _), g, w in zip(mine.named_parameters(), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=f"{n} vs single process")
+    # the torch_xla-style collectives name the device they refuse
+    with pytest.raises(ValueError, match="cuda"):
+        ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(3, device=dev)])
+    return [p.flatten()[:3].tolist() for p in got]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is unavailable")
+def test_cuda_model_trains_as_the_cpu_reference() -> None:
+    """CUDA only: gradients staged through host memory after the CUDA events."""
+    out = launch(2, cuda_ddp_ranks, timeout=180)
+    assert out[0] == out[1], "ranks diverged"
 
 
 def test_ddp_needs_init_and_a_positive_cap() -> None:

@@ -58,12 +58,20 @@ pub trait BucketOp: Send {
 pub struct AllReduceOp {
     comm: Communicator,
     average: bool,
+    /// Host memory that scattered or device tensors are staged through,
+    /// kept from bucket to bucket (its pages are touched once, not faulted
+    /// in afresh for every bucket of every step).
+    staging: Vec<u64>,
 }
 
 impl AllReduceOp {
     /// Sums (or averages, when `average`) every bucket across `comm`'s ranks.
     pub fn new(comm: Communicator, average: bool) -> AllReduceOp {
-        AllReduceOp { comm, average }
+        AllReduceOp {
+            comm,
+            average,
+            staging: Vec::new(),
+        }
     }
 
     fn reduce(&mut self, buf: &mut [u8], dtype: DType) -> Result<()> {
@@ -101,10 +109,28 @@ impl BucketOp for AllReduceOp {
         }
         // Scattered or device tensors: stage through one host buffer.
         let total: usize = effs.iter().map(Effective::nbytes).sum();
-        let mut words = vec![0u64; total.div_ceil(8)];
-        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..total];
+        let mut words = std::mem::take(&mut self.staging);
+        if words.len() < total.div_ceil(8) {
+            words = vec![0u64; total.div_ceil(8)];
+        }
+        let out = self.staged(&effs, &mut words, total, dtype);
+        self.staging = words;
+        out
+    }
+}
+
+impl AllReduceOp {
+    /// Reduces the bucket's tensors through `words` (at least `total` bytes).
+    fn staged(
+        &mut self,
+        effs: &[Effective],
+        words: &mut [u64],
+        total: usize,
+        dtype: DType,
+    ) -> Result<()> {
+        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..total];
         let mut at = 0;
-        for e in &effs {
+        for e in effs {
             let n = e.nbytes();
             match &e.memory {
                 Memory::Host(a) => {
@@ -121,7 +147,7 @@ impl BucketOp for AllReduceOp {
         }
         self.reduce(stage, dtype)?;
         let mut at = 0;
-        for e in &effs {
+        for e in effs {
             let n = e.nbytes();
             match &e.memory {
                 Memory::Host(a) => {
