@@ -17,7 +17,7 @@ def _job(rank: int, world: int, port: int) -> list[str]:
     import torch.distributed as dist
 
     import ringlet
-    from ringlet.bench import c10d, collectives, dtypes, fronts
+    from ringlet.bench import c10d, collectives, cuda, dtypes, fronts
 
     peer = collectives._Gloo()
     rows = collectives.run(list(collectives.OPS), [4096, 65536], 0.01, peer)
@@ -38,6 +38,9 @@ def _job(rank: int, world: int, port: int) -> list[str]:
     by_type = dtypes.run([torch.float32, torch.bfloat16], [1 << 16], 2)
     assert len(by_type) == 1 and by_type[0]["float32"] > 0 and by_type[0]["bfloat16"] > 0
     assert "bfloat16 / float32" in dtypes.table(by_type, ["float32", "bfloat16"], world)
+    staged = cuda.run(["cpu"], [1 << 16], 2)  # checks each bucket's sum itself
+    assert [(d, b) for d, b, _ in staged] == [("cpu", 1 << 16)] and staged[0][2] > 0
+    assert "| cpu | 0 MiB |" in cuda.table(staged, world)
     return text.splitlines()
 
 

@@ -13,7 +13,8 @@ in the same processes, alternating, and prints Markdown tables of medians:
 * ``optimizer``: ``optimizer_step`` with many small gradients;
 * ``checkpoint``: sharded checkpoint save/load vs torch.save/torch.load;
 * ``rpc``: ringlet.rpc vs torch.distributed.rpc;
-* ``dtypes``: all_reduce GB/s by element type (float32 vs bfloat16/float16).
+* ``dtypes``: all_reduce GB/s by element type (float32 vs bfloat16/float16);
+* ``cuda``: the tensor API's bucket all-reduce of CUDA vs host gradients.
 
 ``--plot FILE`` (where a benchmark offers it) draws the table as a PNG.
 
@@ -23,4 +24,4 @@ Example:
   torchrun --nproc_per_node 2 -m ringlet.bench c10d
 """
 
-WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes")
+WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes", "cuda")
