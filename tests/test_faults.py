@@ -256,7 +256,7 @@ def test_any_killed_rank_is_named_even_the_store_host(transport: str, victim: in
 # -- 3. hung, not dead; ringlet.abort() ----------------------------------------
 
 
-def _stopped_rank(rank: int, world: int) -> dict[str, object]:
+def _stopped_rank(rank: int, world: int, count: int = 5000) -> dict[str, object]:
     pids = ringlet.all_gather(torch.tensor([os.getpid()])).tolist()
     ok = 0
     last_ok = time.monotonic()
@@ -264,8 +264,8 @@ def _stopped_rank(rank: int, world: int) -> dict[str, object]:
         while True:
             if rank == 0 and ok == 20:
                 os.kill(pids[VICTIM], signal.SIGSTOP)
-            got = ringlet.all_reduce(ringlet.REDUCE_SUM, torch.full((5000,), float(rank)))
-            assert torch.equal(got, torch.full((5000,), float(sum(range(world)))))
+            got = ringlet.all_reduce(ringlet.REDUCE_SUM, torch.full((count,), float(rank)))
+            assert torch.equal(got, torch.full((count,), float(sum(range(world)))))
             ok += 1
             last_ok = time.monotonic()
     except ringlet.RingletError as e:
@@ -277,9 +277,15 @@ def _stopped_rank(rank: int, world: int) -> dict[str, object]:
             "msg": str(err), "ok": ok, "after": after}
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", [*TRANSPORTS, "two-level"])
 def test_stopped_rank_times_out_named_and_raises_after_sigcont(transport: str) -> None:
-    out = launch(4, _stopped_rank, transport=transport, comm_timeout=2.0, timeout=90)
+    # two-level: two simulated hosts, 1 MiB all-reduces (shared memory within
+    # each host, then across): the ranks wait on the stopped one through others
+    hosts = [{"RINGLET_HOST_ID": f"host{r // 2}"} for r in range(4)]
+    two = transport == "two-level"
+    out = launch(4, _stopped_rank, *((1 << 18,) if two else ()),
+                 transport="shm" if two else transport, comm_timeout=2.0, timeout=90,
+                 per_rank_env=hosts if two else None)
     for rank, r in out.items():
         assert r["type"] == "CollectiveTimeoutError", (rank, r)
         assert r["culprit"] == VICTIM and r["cause"] == "timeout", (rank, r)
