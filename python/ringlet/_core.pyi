@@ -100,7 +100,10 @@ class TensorModule:
     def __init__(
         self,
         name: str,
-        resolver: Callable[[str], tuple[int, int, str, str, Any]],
+        # name -> (data_ptr, numel, dtype_name, device, tensor, mirror_ptr, mirror):
+        # mirror, for a device tensor, a page-locked host tensor of its size to
+        # stage it through (None, with mirror_ptr 0, for none)
+        resolver: Callable[[str], tuple[int, int, str, str, Any, int, Any]],
         stager: Callable[[Any, int, int, bool], None],
     ) -> None: ...
     @property

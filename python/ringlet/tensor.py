@@ -61,6 +61,9 @@ _auto_names = itertools.count()
 _comm_generation: dict[str, int] = {}
 
 
+_ELEMENT_BYTES = {name: torch.empty(0, dtype=d).element_size() for d, name in _DTYPE_NAMES.items()}
+
+
 def _dtype_name(t: torch.Tensor, what: str) -> str:
     name = _DTYPE_NAMES.get(t.dtype)
     if name is None:
@@ -127,6 +130,7 @@ class TensorModule:
         self._proxies: dict[str, torch.Tensor] = {}
         self._flat: list[torch.Tensor] = []
         self._padding: list[torch.Tensor] = []
+        self._mirrors: dict[str, torch.Tensor] = {}
         self._core = _core.TensorModule(name, self._resolve, _stage)
 
     # -- engine callbacks (run on the worker thread, with the GIL) ----------
@@ -143,13 +147,43 @@ class TensorModule:
             )
         return eff
 
-    def _resolve(self, name: str) -> tuple[int, int, str, str, torch.Tensor]:
+    def _resolve(
+        self, name: str
+    ) -> tuple[int, int, str, str, torch.Tensor, int, Optional[torch.Tensor]]:
         eff = self._effective(name)
         if not eff.is_contiguous():
             raise ValueError(
                 f"the effective tensor of '{name}' (module '{self.name}') is not contiguous"
             )
-        return (eff.data_ptr(), eff.numel(), _dtype_name(eff, name), str(eff.device), eff)
+        mirror = self._mirrors.get(name)
+        if mirror is None or not eff.is_cuda or mirror.numel() != eff.nbytes:
+            return (eff.data_ptr(), eff.numel(), _dtype_name(eff, name), str(eff.device), eff,
+                    0, None)
+        return (eff.data_ptr(), eff.numel(), _dtype_name(eff, name), str(eff.device), eff,
+                mirror.data_ptr(), mirror)
+
+    def _make_mirrors(self) -> dict[str, torch.Tensor]:
+        """One page-locked host buffer per bucket of CUDA tensors, a slice of it
+        per tensor: the worker stages the bucket through them (device copies
+        at full speed, the reduction in place there) instead of through
+        pageable memory of its own."""
+        mirrors: dict[str, torch.Tensor] = {}
+        if not torch.cuda.is_available():
+            return mirrors
+        for group in self._core.buckets():
+            regs = [self._core.tensor(n) for n in group]
+            if not regs or not regs[0][2].startswith("cuda"):
+                continue
+            sizes = [count * _ELEMENT_BYTES[dtype] for count, dtype, _ in regs]
+            try:
+                buf = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+            except RuntimeError:  # no page-locked memory: pageable staging still works
+                return {}
+            at = 0
+            for n, size in zip(group, sizes):
+                mirrors[n] = buf[at:at + size]
+                at += size
+        return mirrors
 
     def _register(self, name: str, proxy: torch.Tensor, eff: torch.Tensor) -> None:
         self._core.register(name, eff.numel(), _dtype_name(eff, name), str(eff.device))
@@ -212,6 +246,7 @@ class TensorModule:
         """
         self._core.set_buckets([self._names(b) for b in buckets])
         self._flat, self._padding = [], []
+        self._mirrors = self._make_mirrors()
 
     def buckets(self) -> list[list[torch.Tensor]]:
         """Returns the buckets as lists of proxy tensors."""

@@ -33,7 +33,9 @@ fn stash(slot: &Stash, what: &str, err: PyErr) -> core::Error {
     }
 }
 
-/// Calls `resolver(name) -> (ptr, numel, dtype_name, device, tensor)`.
+/// Calls `resolver(name) -> (ptr, numel, dtype_name, device, tensor,
+/// mirror_ptr, mirror)` (`mirror`: a page-locked host tensor of a device
+/// tensor's size to stage it through, or None with `mirror_ptr` 0).
 struct PyResolver {
     resolver: Py<PyAny>,
     stager: Arc<Py<PyAny>>,
@@ -48,8 +50,16 @@ impl Resolver for PyResolver {
                 .resolver
                 .call1(py, (meta.name.as_str(),))
                 .map_err(fail)?;
-            let (ptr, numel, dtype_name, device, tensor): (usize, usize, String, String, PyObject) =
-                out.extract(py).map_err(fail)?;
+            #[allow(clippy::type_complexity)]
+            let (ptr, numel, dtype_name, device, tensor, mirror_ptr, mirror): (
+                usize,
+                usize,
+                String,
+                String,
+                PyObject,
+                usize,
+                PyObject,
+            ) = out.extract(py).map_err(fail)?;
             let d = core::DType::from_name(&dtype_name)?;
             if device == "cpu" {
                 if ptr == 0 && numel != 0 {
@@ -70,7 +80,23 @@ impl Resolver for PyResolver {
                     stager: Arc::clone(&self.stager),
                     errors: Arc::clone(&self.errors),
                 };
-                Ok(Effective::device(Box::new(mem), numel, d, device))
+                if mirror_ptr == 0 {
+                    return Ok(Effective::device(Box::new(mem), numel, d, device));
+                }
+                // SAFETY: `ringlet.tensor` returns the address of a contiguous
+                // page-locked host tensor of exactly this tensor's size
+                // (`mirror`, kept as the owner, keeps it alive), reserved for
+                // staging this tensor and used by nothing else meanwhile.
+                Ok(unsafe {
+                    Effective::device_mirrored(
+                        Box::new(mem),
+                        mirror_ptr,
+                        numel,
+                        d,
+                        device,
+                        Some(Box::new(mirror)),
+                    )
+                })
             }
         })
     }

@@ -75,6 +75,9 @@ pub struct Effective {
     pub dtype: DType,
     /// Device string (`"cpu"`, `"cuda:0"`).
     pub device: String,
+    /// Page-locked host memory of the tensor's size to stage a device tensor
+    /// through (see [`Effective::device_mirrored`]).
+    pub(crate) mirror: Option<usize>,
     /// Keeps the owner of the memory (a Python tensor) alive while in use.
     _owner: Option<Box<dyn Any + Send>>,
 }
@@ -99,6 +102,7 @@ impl Effective {
             count,
             dtype,
             device: device.into(),
+            mirror: None,
             _owner: owner,
         }
     }
@@ -115,7 +119,35 @@ impl Effective {
             count,
             dtype,
             device: device.into(),
+            mirror: None,
             _owner: None,
+        }
+    }
+
+    /// An effective tensor in device memory with a host *mirror*: memory of
+    /// its size (page-locked, so device copies run at full speed) that the
+    /// binding reserved for it. When the mirrors of a bucket's tensors lie
+    /// back to back, the bucket is staged through them and reduced in place
+    /// there, instead of through the worker's own buffer.
+    ///
+    /// # Safety
+    /// As for [`Effective::host`], for `mirror..mirror + count *
+    /// dtype.size()`, kept alive by `owner`.
+    pub unsafe fn device_mirrored(
+        mem: Box<dyn DeviceMemory>,
+        mirror: usize,
+        count: usize,
+        dtype: DType,
+        device: impl Into<String>,
+        owner: Option<Box<dyn Any + Send>>,
+    ) -> Effective {
+        Effective {
+            memory: Memory::Device(mem),
+            count,
+            dtype,
+            device: device.into(),
+            mirror: Some(mirror),
+            _owner: owner,
         }
     }
 

@@ -107,6 +107,15 @@ impl BucketOp for AllReduceOp {
             let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
             return self.reduce(buf, dtype);
         }
+        if let Some((addr, len)) = contiguous_mirrors(&effs) {
+            // Device tensors with back-to-back host mirrors: stage through them.
+            // SAFETY: each mirror is host memory of its tensor's size vouched
+            // for by the binding (see `Effective::device_mirrored`) and kept
+            // alive by `effs`; they are back to back, so the union is one
+            // valid range, used by nothing else while the bucket runs.
+            let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+            return self.through(&effs, buf, dtype);
+        }
         // Scattered or device tensors: stage through one host buffer.
         let total: usize = effs.iter().map(Effective::nbytes).sum();
         let mut words = std::mem::take(&mut self.staging);
@@ -128,7 +137,16 @@ impl AllReduceOp {
         total: usize,
         dtype: DType,
     ) -> Result<()> {
-        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..total];
+        self.through(
+            effs,
+            &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..total],
+            dtype,
+        )
+    }
+
+    /// Copies the bucket's tensors, in order, into `stage` (their total
+    /// size), reduces it, and copies the result back.
+    fn through(&mut self, effs: &[Effective], stage: &mut [u8], dtype: DType) -> Result<()> {
         let mut at = 0;
         for e in effs {
             let n = e.nbytes();
@@ -164,6 +182,20 @@ impl AllReduceOp {
         }
         Ok(())
     }
+}
+
+/// The address and length of the tensors' host mirrors when every tensor has
+/// one and they lie back to back in order.
+fn contiguous_mirrors(effs: &[Effective]) -> Option<(usize, usize)> {
+    let start = effs.first()?.mirror?;
+    let mut end = start;
+    for e in effs {
+        if e.mirror? != end || !matches!(e.memory, Memory::Device(_)) {
+            return None;
+        }
+        end += e.nbytes();
+    }
+    Some((start, end - start))
 }
 
 /// The address and length of the tensors when all are in host memory and lie

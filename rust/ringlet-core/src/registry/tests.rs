@@ -21,6 +21,8 @@ struct Host {
     device: Mutex<HashMap<String, Arc<Mutex<Vec<f32>>>>>,
     /// A flattened bucket: names mapped to ranges of one buffer.
     flat: Mutex<Flat>,
+    /// Host mirrors of device tensors: names mapped to ranges of one buffer.
+    mirrors: Mutex<Flat>,
 }
 
 impl Host {
@@ -59,12 +61,18 @@ impl Resolver for Host {
     fn resolve(&self, meta: &TensorMeta) -> Result<Effective> {
         if let Some(d) = self.device.lock().unwrap().get(&meta.name) {
             let n = d.lock().unwrap().len();
-            return Ok(Effective::device(
-                Box::new(FakeDevice(Arc::clone(d))),
-                n,
-                DType::F32,
-                "cuda:0",
-            ));
+            let mem = Box::new(FakeDevice(Arc::clone(d)));
+            let mut mirrors = self.mirrors.lock().unwrap();
+            if let Some(r) = mirrors.1.get(&meta.name).cloned() {
+                assert_eq!(r.len(), n);
+                let addr = mirrors.0[r].as_mut_ptr() as usize;
+                // SAFETY: `n` floats of the mirror buffer, which `self` owns
+                // and never resizes while the test runs.
+                return Ok(unsafe {
+                    Effective::device_mirrored(mem, addr, n, DType::F32, "cuda:0", None)
+                });
+            }
+            return Ok(Effective::device(mem, n, DType::F32, "cuda:0"));
         }
         let mut flat = self.flat.lock().unwrap();
         if let Some(r) = flat.1.get(&meta.name).cloned() {
@@ -350,22 +358,49 @@ fn rank_run(rank: usize, comm: crate::Communicator) -> Result<()> {
     }
     let dev = Arc::new(Mutex::new(vec![4.0 * (r + 1.0); 2]));
     host.device.lock().unwrap().insert("e".into(), dev);
+    // device tensors with back-to-back mirrors: staged through the mirrors
+    for (n, v) in [("f", vec![r; 2]), ("g", vec![2.0 * r; 3])] {
+        host.device
+            .lock()
+            .unwrap()
+            .insert(n.into(), Arc::new(Mutex::new(v)));
+    }
+    {
+        let mut mirrors = host.mirrors.lock().unwrap();
+        mirrors.0 = vec![-1.0; 6];
+        mirrors.1.insert("f".into(), 0..2);
+        mirrors.1.insert("g".into(), 2..5);
+    }
     let m = Module::new("ar", host.clone())?;
     for (n, c) in [("a", 2), ("b", 3), ("c", 1), ("d", 2)] {
         m.register(meta(n, c))?;
     }
-    m.register(TensorMeta {
-        device: "cuda:0".into(),
-        ..meta("e", 2)
-    })?;
+    for (n, c) in [("e", 2), ("f", 2), ("g", 3)] {
+        m.register(TensorMeta {
+            device: "cuda:0".into(),
+            ..meta(n, c)
+        })?;
+    }
     let groups = m.plan(&names(&["a", "b", "c", "d", "e"]), 1 << 20)?;
     assert_eq!(groups.len(), 2, "device change cuts a bucket");
-    m.set_buckets(&[names(&["a", "b"]), names(&["c", "d"]), names(&["e"])])?;
+    m.set_buckets(&[
+        names(&["a", "b"]),
+        names(&["c", "d"]),
+        names(&["e"]),
+        names(&["f", "g"]),
+    ])?;
     m.set_op(Box::new(AllReduceOp::new(comm, true)))?;
-    for n in ["e", "d", "c", "b", "a"] {
+    for n in ["g", "f", "e", "d", "c", "b", "a"] {
         m.mark_ready(n, None)?;
     }
     m.wait_pending()?;
+    assert_eq!(host.get("f"), vec![0.5; 2]);
+    assert_eq!(host.get("g"), vec![1.0; 3]);
+    assert_eq!(
+        host.mirrors.lock().unwrap().0,
+        vec![0.5, 0.5, 1.0, 1.0, 1.0, -1.0],
+        "reduced in the mirrors, and only there"
+    );
     assert_eq!(host.get("a"), vec![1.5, 2.5]);
     assert_eq!(host.get("b"), vec![15.0; 3]);
     assert_eq!(host.get("c"), vec![0.5]);
