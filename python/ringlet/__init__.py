@@ -52,6 +52,7 @@ from .collectives import (
     save,
     send,
     send_cpu_data_to_device,
+    set_replication,
     set_rng_state,
     unlazy,
     wait_device_ops,
@@ -59,6 +60,7 @@ from .collectives import (
     xla_device_hw,
     xla_real_devices,
     xla_rendezvous,
+    xla_replication_devices,
     xrt_world_size,
 )
 from .collectives import (
@@ -168,6 +170,8 @@ __all__ = [
     "xla_device",
     "xla_device_hw",
     "xla_real_devices",
+    "xla_replication_devices",
+    "set_replication",
     "xla_rendezvous",
     "xrt_world_size",
 ]

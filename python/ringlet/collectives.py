@@ -1511,6 +1511,71 @@ def xla_real_devices(devices: Optional[list[Union[str, torch.device]]] = None) -
     return out
 
 
+def xla_replication_devices(
+    local_devices: Optional[list[Union[str, torch.device]]] = None,
+) -> list[str]:
+    """The hardware names of every device a collective replicates over (one
+    per rank, sorted by ordinal), after checking that ``local_devices`` are
+    this process's devices, all of one kind, as torch_xla does.
+
+    Args:
+      local_devices (list, optional): This process's devices, such as
+        ``["cpu"]``. Default: :func:`get_xla_supported_devices`.
+
+    Returns:
+      ``["CPU:0", "CPU:1", ...]``: one per rank of the world.
+
+    Raises:
+      RuntimeError: The devices are of several kinds, or not as many as this
+        process drives.
+
+    Example:
+      >>> ringlet.xla_replication_devices(["cpu"])   # world size 2
+      ['CPU:0', 'CPU:1']
+    """
+    real = xla_real_devices(local_devices)
+    kinds = {d.split(":")[0] for d in real}
+    if len(kinds) != 1:
+        raise RuntimeError(
+            f"Cannot replicate across different device types: devices={local_devices}/{real}"
+        )
+    kind = kinds.pop()
+    mine = list(get_xla_supported_devices() or [])
+    count = len(local_devices) if local_devices is not None else len(mine)
+    if count != len(mine):
+        raise RuntimeError(
+            f"Cannot replicate if number of devices ({count}) is different from {len(mine)}"
+        )
+    return [f"{kind}:{r}" for r in range(world_size())]
+
+
+def set_replication(
+    device: Union[str, torch.device], devices: Optional[list[Union[str, torch.device]]]
+) -> None:
+    """Sets the devices a process replicates over, as torch_xla's
+    ``set_replication`` (which a multi-process launcher calls once per
+    process): checks them with :func:`xla_replication_devices`; ringlet's
+    replication is the world, so there is nothing else to set.
+
+    Args:
+      device (str or torch.device): This process's device; must be in
+        ``devices`` when that is not empty.
+      devices (list, optional): The process's devices (empty or None: no
+        replication).
+
+    Raises:
+      RuntimeError: As :func:`xla_replication_devices`.
+      ValueError: ``device`` is not in ``devices``.
+
+    Example:
+      >>> ringlet.set_replication("cpu", ["cpu"])
+    """
+    names = [str(d) for d in devices or []]
+    if names:
+        xla_replication_devices(names)
+        names.index(str(device))
+
+
 def unlazy(tensors: list[torch.Tensor]) -> None:
     """Blocks until ``tensors`` are materialised: eager tensors always are, so
     this returns at once.
