@@ -657,3 +657,145 @@ def test_abort_unblocks_and_names_the_aborting_rank() -> None:
     out = launch(2, _abort_job, free_port(), init=False, timeout=120)
     assert "abort" in out[0]
     assert "rank 0" in out[1], out[1]
+
+
+def _outcome(fn: object, *args: object, **kwargs: object) -> object:
+    """What a call gives, comparable across backends: its value as lists, or
+    for an error whether it is a RuntimeError (the type gloo raises)."""
+    try:
+        value = fn(*args, **kwargs)  # type: ignore[operator]
+    except Exception as e:  # the outcome is the point
+        return ("raised", isinstance(e, RuntimeError))
+    return _plain_value(value)
+
+
+def _plain_value(v: object) -> object:
+    if isinstance(v, torch.Tensor):
+        return (str(v.dtype), list(v.shape), v.tolist())
+    if isinstance(v, (list, tuple)):
+        return [_plain_value(x) for x in v]
+    return v
+
+
+def _less_common_forms(rank: int, world: int, group: object) -> list:
+    """torch.distributed's less common call forms on ``group`` (3 ranks);
+    the caller compares ringlet's results with gloo's."""
+    pg = group if group is not None else dist.group.WORLD
+    R = dist.ReduceOp
+    got: list = []
+    # complex tensors: reduce ops other than SUM/AVG are refused on every rank
+    for op in (R.MAX, R.MIN, R.PRODUCT):
+        c = torch.tensor([1 + 2j, 3 - 1j]) * (rank + 1)
+        got.append(_outcome(dist.reduce, c, 1, op=op, group=group))
+        got.append(_plain_value(torch.view_as_real(c)))
+    c = torch.tensor([1 + 2j, 3 - 1j]) * (rank + 1)
+    dist.reduce(c, 1, group=group)
+    if rank == 1:
+        got.append(_plain_value(torch.view_as_real(c)))
+    # reduce of a non-contiguous tensor (the root's result; gloo's non-roots
+    # hold partial sums, ringlet's keep their input)
+    m = (torch.arange(6.0).view(2, 3) + rank).t()
+    dist.reduce(m, 2, group=group)
+    if rank == 2:
+        got.append(_plain_value(m))
+    # the future of an asynchronous gather: the root's gathered tensors
+    outs = [torch.zeros(2) for _ in range(world)] if rank == 0 else None
+    work = dist.gather(torch.full((2,), float(rank)), outs, 0, group=group, async_op=True)
+    got.append(_plain_value(work.get_future().wait()))
+    # Work.source_rank: receives only
+    got.append(_outcome(dist.all_reduce(torch.ones(1), group=group, async_op=True)._source_rank))
+    if rank == 0:
+        dist.send(torch.ones(2), 1, group=group)
+    elif rank == 1:
+        w = dist.irecv(torch.zeros(2), 0, group=group)
+        w.wait()
+        got.append(w._source_rank())
+    # ProcessGroup calls with several tensors (torch's multi-device form):
+    # reduced together, broadcast from the root tensor, gathered per input
+    for op in (R.SUM, R.MAX, R.PRODUCT):
+        a, b = torch.tensor([1.0 + rank, 2.0]), torch.tensor([10.0 * rank, 3.0])
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        pg.allreduce([a, b], opts).wait()
+        got.append(_plain_value([a, b]))
+    a, b = torch.tensor([1, 2]) + rank, torch.tensor([5, 6]) * rank
+    pg.allreduce([a, b]).wait()
+    got.append(_plain_value([a, b]))
+    a, b = torch.tensor([1.0 + rank, 2.0]), torch.tensor([10.0 * rank, 3.0])
+    pg.allreduce_coalesced([a, b], dist.AllreduceCoalescedOptions()).wait()  # each on its own
+    got.append(_plain_value([a, b]))
+    for which in (0, 1):
+        a, b = torch.tensor([1.0 + rank, 2.0]), torch.tensor([10.0 * rank, 3.0])
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 1, which
+        pg.broadcast([a, b], opts).wait()
+        got.append(_plain_value([a, b]))
+    outs = [[torch.zeros(1) for _ in range(2 * world)] for _ in range(2)]
+    work = pg.allgather(outs, [torch.tensor([1.0 + rank]), torch.tensor([10.0 * rank])])
+    work.wait()
+    got.append(_plain_value(outs))
+    got.append(_plain_value(work.get_future().wait()))
+    # argument errors: raised at once on every rank, as RuntimeError
+    bad_root = dist.BroadcastOptions()
+    bad_root.rootTensor = 1
+    got.append(_outcome(lambda: pg.broadcast([torch.ones(1)], bad_root).wait()))
+    got.append(_outcome(lambda: pg.allreduce([torch.ones(2), torch.ones(3)]).wait()))
+    got.append(_outcome(lambda: pg.allreduce([torch.ones(2), torch.ones(2).long()]).wait()))
+    got.append(_outcome(lambda: pg.broadcast([torch.ones(2), torch.ones(3)],
+                                             dist.BroadcastOptions()).wait()))
+    got.append(_outcome(lambda: pg.reduce([torch.ones(1), torch.ones(1)],
+                                          dist.ReduceOptions()).wait()))
+    got.append(_outcome(lambda: pg.allgather([[torch.zeros(1)] * world], [torch.ones(1)] * 2)))
+    for kind, call in ((dist.BroadcastOptions, pg.broadcast), (dist.ReduceOptions, pg.reduce)):
+        opts = kind()
+        opts.rootRank = world
+        with pytest.raises(RuntimeError, match="invalid root rank"):
+            call([torch.ones(1)], opts).wait()
+    # Work.wait(timeout) raises once the caller's limit passed, while the
+    # other ranks have not joined yet; the work then finishes normally
+    store = dist.distributed_c10d._get_default_store()
+    key = f"joined/{pg.name()}"
+    t = torch.full((2,), float(rank + 1))
+    if rank == 0:
+        work = dist.all_reduce(t, group=group, async_op=True)
+        with pytest.raises(RuntimeError) as e:
+            work.wait(timedelta(milliseconds=300))
+        got.append([work.is_completed(), "timed out" in str(e.value).lower()])
+        store.set(key, "1")
+        work.wait()
+    else:
+        store.wait([key])
+        dist.all_reduce(t, group=group)
+    got.append(_plain_value(t))
+    dist.barrier(group=group)
+    return got
+
+
+def _less_common_job(rank: int, world: int, port: int) -> str:
+    _init(rank, world, port)
+    gloo = dist.new_group(backend="gloo")
+    mine = _less_common_forms(rank, world, None)
+    theirs = _less_common_forms(rank, world, gloo)
+    assert len(mine) == len(theirs)
+    for i, (m, g) in enumerate(zip(mine, theirs)):
+        assert m == g, f"item {i}: ringlet {m} != gloo {g}"
+    # reduce_scatter refuses complex MAX too (gloo's raises the same error,
+    # but may abort the process afterwards: checked on ringlet only)
+    with pytest.raises(RuntimeError, match="does not support MAX on complex"):
+        dist.reduce_scatter_tensor(torch.zeros(2, dtype=torch.complex64),
+                                   torch.ones(2 * world, dtype=torch.complex64),
+                                   op=dist.ReduceOp.MAX)
+    with pytest.raises(RuntimeError, match="does not support PRODUCT on complex"):
+        dist.reduce_scatter(torch.zeros(2, dtype=torch.complex64),
+                            [torch.ones(2, dtype=torch.complex64)] * world,
+                            op=dist.ReduceOp.PRODUCT)
+    dist.destroy_process_group()
+    return "ok"
+
+
+def test_less_common_forms_match_gloo() -> None:
+    """Complex reduce ops refused, a non-contiguous reduce, the gather
+    future, Work.source_rank and Work.wait(timeout), ProcessGroup calls with
+    several tensors and their argument errors: ringlet as gloo, 3 ranks."""
+    out = launch(3, _less_common_job, free_port(), init=False, timeout=180)
+    assert out == {r: "ok" for r in range(3)}

@@ -87,6 +87,11 @@ _OPS: dict[Any, str] = {
 
 # Reduce ops the engine runs as they are (AVG and PREMUL_SUM need a step more).
 _SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)}
+# A list's tensors folded into one before the engine reduces across ranks.
+_FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add, "mul": torch.mul, "min": torch.minimum, "max": torch.maximum,
+    "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
+}
 _SUM = _RED.SUM  # compared first: pybind enum hashing costs more than one ==
 _ANY_DTYPE = ("sum", "mul", "min", "max")  # the others need integer or bool tensors
 _AllreduceOptions = dist.AllreduceOptions
@@ -220,7 +225,9 @@ class Work(_CWork):
       True
     """
 
-    def __init__(self, queue: Any, result: list[Any], timeout: float, rank: int = -1) -> None:
+    def __init__(
+        self, queue: Any, result: list[Any], timeout: float, rank: Optional[int] = None
+    ) -> None:
         super().__init__()
         self._queue = queue
         self._result = result
@@ -230,8 +237,10 @@ class Work(_CWork):
         self._exc: Optional[BaseException] = None
         self._fut: Optional[torch.futures.Future] = None
         self._lock = threading.Lock()
-        self._source = rank
+        self._source = rank  # None: not a receive (-1: a receive from any source, not yet matched)
         self._completing: Optional[threading.Event] = None  # set once the future's callbacks ran
+        self._woken = True  # the progress thread was woken for the job (else a waiter runs it)
+        self._waiting: Optional[threading.Event] = None  # set once done, for wait(timeout)
 
     # Runs on the progress thread (or in a waiter that runs queued jobs).
     def _run(self, fn: Callable[[], Any]) -> Callable[[], None]:
@@ -250,7 +259,7 @@ class Work(_CWork):
             self._exc = exc
             fut = self._fut
             if fut is None:
-                self._done = True
+                self._set_done()
                 return
             self._completing = threading.Event()
         # The future's callbacks may issue and wait for later operations of
@@ -264,8 +273,31 @@ class Work(_CWork):
             self._complete(fut)
         finally:
             with self._lock:
-                self._done = True
+                self._set_done()
             self._completing.set()
+
+    def _set_done(self) -> None:
+        """Marks the work done (the caller holds ``_lock``) and wakes a
+        ``wait(timeout)``."""
+        self._done = True
+        if self._waiting is not None:
+            self._waiting.set()
+
+    def _wait_on_thread(self, secs: float) -> bool:
+        """Whether the work finishes within ``secs``, run by the progress
+        thread: unlike the queue's wait, the caller never runs the job itself,
+        so a job blocked on its peers cannot hold it past ``secs``."""
+        with self._lock:
+            if self._done:
+                return True
+            if self._waiting is None:
+                self._waiting = threading.Event()
+            waiting = self._waiting
+        if not self._woken:  # queued for a waiter to run: have the thread run it
+            self._woken = True
+            with contextlib.suppress(Exception):  # a closed queue has run its jobs
+                self._queue.submit(_nothing, True)
+        return waiting.wait(secs)
 
     def _complete(self, fut: torch.futures.Future) -> None:
         if self._exc is not None:
@@ -285,8 +317,12 @@ class Work(_CWork):
         """
         secs = timeout.total_seconds() if timeout else 0.0
         limit = secs if secs > 0 else self._timeout
-        if not self._done and (not self._queue.wait(self._ticket, limit) or (
-                self._completing is not None and not self._completing.wait(limit))):
+        if secs > 0:  # the caller's own limit: raise once it passed (as gloo)
+            finished = self._wait_on_thread(secs)
+        else:
+            finished = self._done or (self._queue.wait(self._ticket, limit) and (
+                self._completing is None or self._completing.wait(limit)))
+        if not finished:
             raise _DistErrors.convert(errors.CollectiveTimeoutError(
                 f"rank {runtime_rank()}: Work.wait timed out after "
                 f"{limit:g}s; the operation has not finished"
@@ -327,14 +363,27 @@ class Work(_CWork):
         return self._result
 
     def source_rank(self) -> int:
-        """The rank a receive got its message from."""
+        """The rank a receive got its message from (-1 while a receive from
+        any source has not matched a message yet).
+
+        Raises:
+          RuntimeError: The work is not a receive (as gloo's).
+        """
+        if self._source is None:
+            raise RuntimeError(
+                "sourceRank() may only be called on work objects that correspond to a recv "
+                "or recv-from-any call."
+            )
         return self._source
 
-    def _source_rank(self) -> int:
-        return self._source
+    _source_rank = source_rank
 
     def synchronize(self) -> None:
         """No-op: CPU operations need no stream synchronisation."""
+
+
+def _nothing() -> None:
+    """A job that only wakes a progress thread for the jobs queued before it."""
 
 
 class _Completions:
@@ -617,8 +666,8 @@ class ProcessGroupRinglet(ProcessGroup):
         return slot[0]
 
     def _submit(
-        self, fn: Callable[[], Any], result: list[Any], queue: Any = None, source: int = -1,
-        wake: bool = True,
+        self, fn: Callable[[], Any], result: list[Any], queue: Any = None,
+        source: Optional[int] = None, wake: bool = True,
     ) -> Work:
         """Queues ``fn`` in issue order. ``wake=False`` for synchronous calls
         (c10d waits at once): the waiting caller runs it without waking the
@@ -627,6 +676,7 @@ class ProcessGroupRinglet(ProcessGroup):
         if not wake and _run_now(q, fn):  # synchronous and nothing queued: run it here
             return _DONE
         work = Work(q, result, self._timeout, source)
+        work._woken = wake
         work._ticket = q.submit(work._run(fn), wake)
         if self._coalescing is not None:
             self._coalescing.append(work)
@@ -664,9 +714,27 @@ class ProcessGroupRinglet(ProcessGroup):
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self._size:
             raise ValueError(
-                f"{self._where()}: {what} {root} is out of range for a group of {self._size}"
+                f"{self._where()}: {what}: invalid root rank: {root} (a group of {self._size} "
+                "ranks)"
             )
         return root
+
+    def _real_op(self, op: Any, tensors: Any, what: str) -> None:
+        """Refuses complex tensors for the reduce ops that do not act on a
+        complex number's real and imaginary parts alone (all but SUM, AVG and
+        PREMUL_SUM), as torch and gloo do, instead of reducing the parts."""
+        kind = getattr(op, "op", op)
+        if kind in (_RED.SUM, _RED.AVG, _RED.PREMUL_SUM):
+            return
+        stack = [tensors]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, (list, tuple)):
+                stack.extend(t)
+            elif isinstance(t, torch.Tensor) and t.is_complex():
+                raise ValueError(
+                    f"{self._where()}: {what} does not support {kind.name} on complex tensors"
+                )
 
     @staticmethod
     def _dense(ts: list[torch.Tensor]) -> tuple[list[torch.Tensor], Callable[[], None]]:
@@ -733,10 +801,16 @@ class ProcessGroupRinglet(ProcessGroup):
                             return _DONE
                     except BaseException as e:
                         raise _DistErrors.convert(e) from None
-        return self._allreduce(tensors, opts)
+        return self._allreduce(tensors, opts, together=True)
 
     @_torch_errors
-    def _allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def _allreduce(
+        self, tensors: list[torch.Tensor], opts: Any = None, together: bool = False
+    ) -> Work:
+        """All-reduces each of ``tensors`` (``allreduce_coalesced``), or, with
+        ``together``, all of them as one (``allreduce`` of several tensors,
+        torch's multi-device form, as gloo: every tensor of every rank
+        reduced, the result written into each)."""
         if type(opts) is not dist.AllreduceOptions:  # another of torch's call forms
             tensors, opts = _as_list(tensors), _opts(dist.AllreduceOptions, opts)
         op = opts.reduceOp
@@ -753,7 +827,10 @@ class ProcessGroupRinglet(ProcessGroup):
                                     [t], wake=_is_async(opts))
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, op, opts)
+        self._real_op(op, tensors, "all_reduce")
         ts = [self._tensor(t, f"all_reduce tensors[{i}]") for i, t in enumerate(tensors)]
+        if together and len(ts) != 1:
+            return self._allreduce_together(tensors, ts, op, opts)
 
         def run() -> None:
             dense, back = self._dense(ts)
@@ -804,6 +881,50 @@ class ProcessGroupRinglet(ProcessGroup):
 
         return self._submit(run, list(tensors), wake=_is_async(opts))
 
+    def _allreduce_together(
+        self, tensors: list[torch.Tensor], ts: list[torch.Tensor], op: Any, opts: Any
+    ) -> Work:
+        """One reduction over all of ``ts`` on every rank (``tensors`` as the
+        caller gave them; ``ts`` as the engine takes them), written into each:
+        the list is folded here, the fold all-reduced, and AVG divides by
+        every tensor taking part (ranks x list length)."""
+        self._same_tensors(ts, "all_reduce")
+        name, _ = self._reduce_args(op, [ts[0].new_empty(0)], "all_reduce")  # checks only
+        fold = _FOLDS[name]
+        count = len(ts)
+
+        def run() -> None:
+            acc = ts[0].clone(memory_format=torch.contiguous_format)
+            for t in ts[1:]:
+                acc.copy_(fold(acc, t))
+            _, post = self._reduce_args(op, [acc], "all_reduce")  # PREMUL_SUM scales the fold
+            _reduce_inplace(self._world(), [acc], name, 1.0)
+            post(acc)
+            if getattr(op, "op", op) == _RED.AVG:
+                if acc.is_floating_point():
+                    acc.div_(count)
+                else:
+                    acc.copy_(torch.div(acc, count, rounding_mode="trunc"))
+            for t in ts:
+                _write_back(t, acc)
+
+        return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    def _same_tensors(self, ts: list[torch.Tensor], what: str) -> None:
+        """Checks that the tensors of a multi-device call (one list entry per
+        device in torch's form) agree in dtype and shape, as gloo requires."""
+        if not ts:
+            raise ValueError(f"{self._where()}: {what} needs at least one tensor")
+        first = ts[0]
+        for i, t in enumerate(ts[1:], 1):
+            for part, want, got in (("type", first.dtype, t.dtype),
+                                    ("size", tuple(first.shape), tuple(t.shape))):
+                if want != got:
+                    raise ValueError(
+                        f"{self._where()}: {what}: invalid tensor {part} at index {i} (expected "
+                        f"{want} as tensor 0, got {got}): the tensors of one call act as one"
+                    )
+
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         return self._allreduce(tensors, opts)
 
@@ -811,7 +932,7 @@ class ProcessGroupRinglet(ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         if type(opts) is not dist.BroadcastOptions:  # another of torch's call forms
             tensors, opts = _as_list(tensors), _opts(dist.BroadcastOptions, opts)
-        root = self._root(opts.rootRank, "broadcast root")
+        root = self._root(opts.rootRank, "broadcast")
         if len(tensors) == 1:
             t = tensors[0]
             name = _plain(t)
@@ -820,12 +941,24 @@ class ProcessGroupRinglet(ProcessGroup):
                     comm.broadcast, t.data_ptr(), t.nbytes, name, root):
                 return _DONE
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
+        # Several tensors are torch's multi-device form (as gloo): the root's
+        # tensor rootTensor goes into every tensor of every rank.
+        if len(ts) != 1:
+            self._same_tensors(ts, "broadcast")
+        pick = getattr(opts, "rootTensor", 0)
+        if not 0 <= pick < len(ts):
+            raise ValueError(
+                f"{self._where()}: broadcast: invalid root tensor: {pick} (the call has "
+                f"{len(ts)} tensors)"
+            )
 
         def run() -> None:
             dense, back = self._dense(ts)
-            comm = self._world()
+            src = dense[pick]
+            _engine_broadcast(self._world(), src, _check(src, "broadcast tensor"), root)
             for t in dense:
-                _engine_broadcast(comm, t, _check(t, "broadcast tensor"), root)
+                if t is not src:
+                    t.copy_(src)
             back()
 
         return self._submit(run, list(tensors), wake=_is_async(opts))
@@ -833,14 +966,21 @@ class ProcessGroupRinglet(ProcessGroup):
     @_torch_errors
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None) -> Work:
         tensors, opts = _as_list(tensors), _opts(dist.ReduceOptions, opts, op=op)
-        root = self._root(opts.rootRank, "reduce root")
+        root = self._root(opts.rootRank, "reduce")
         op = opts.reduceOp
+        if len(tensors) != 1:
+            raise ValueError(
+                f"{self._where()}: reduce requires a single-element tensor list, got "
+                f"{len(tensors)} tensors"
+            )
+        self._real_op(op, tensors, "reduce")
         ts = [self._tensor(t, f"reduce tensors[{i}]") for i, t in enumerate(tensors)]
         mine = self._rank == root
 
         def run() -> None:
-            # Non-roots reduce a copy: their tensors stay as they were.
-            dense, back = self._dense(ts) if mine else ([t.clone() for t in ts], lambda: None)
+            # Non-roots reduce a (contiguous) copy: their tensors stay as they were.
+            dense, back = self._dense(ts) if mine else (
+                [t.clone(memory_format=torch.contiguous_format) for t in ts], lambda: None)
             name, post = self._reduce_args(op, dense, "reduce")
             _reduce_inplace(self._world(), dense, name, 1.0)
             if mine:
@@ -877,12 +1017,46 @@ class ProcessGroupRinglet(ProcessGroup):
             output_tensors, input_tensors = [output_tensors], [input_tensors]
         # As gloo's future: the output list itself for one input, else all of them.
         result = output_tensors[0] if len(output_tensors) == 1 else output_tensors
+        if len(input_tensors) > 1:
+            return self._allgather_devices(output_tensors, input_tensors, opts, result)
         return self._allgather(output_tensors, input_tensors, opts, result)
+
+    @_torch_errors
+    def _allgather_devices(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any, result: Any,
+    ) -> Work:
+        """``allgather`` of several inputs, torch's multi-device form (as
+        gloo): ``output_tensors[i][r * k + j]`` receives rank r's input j
+        (k inputs), the same in each of the k output lists."""
+        k, size = len(input_tensors), self._size
+        if len(output_tensors) != k:
+            raise ValueError(
+                f"{self._where()}: all_gather requires input/output tensor lists to have the "
+                f"same length ({k} inputs, {len(output_tensors)} output lists)"
+            )
+        for i, lst in enumerate(output_tensors):
+            if len(lst) != size * k:
+                raise ValueError(
+                    f"{self._where()}: all_gather: invalid output tensor list at index {i} "
+                    f"(expected length {size * k}: {size} ranks x {k} inputs, got {len(lst)})"
+                )
+        self._same_tensors([self._tensor(t, "all_gather input") for t in input_tensors],
+                           "all_gather")
+        first = output_tensors[0]
+        per_input = [[first[r * k + j] for r in range(size)] for j in range(k)]
+
+        def copies() -> None:
+            for lst in output_tensors[1:]:
+                for o, src in zip(lst, first):
+                    o.copy_(src)
+
+        return self._allgather(per_input, input_tensors, opts, result, then=copies)
 
     @_torch_errors
     def _allgather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-        opts: Any, result: Any,
+        opts: Any, result: Any, then: Optional[Callable[[], None]] = None,
     ) -> Work:
         ins = [self._tensor(t, "all_gather input") for t in input_tensors]
         outs = [[self._tensor(o, "all_gather output") for o in lst] for lst in output_tensors]
@@ -896,6 +1070,8 @@ class ProcessGroupRinglet(ProcessGroup):
         def run() -> None:
             for inp, lst in zip(ins, outs):
                 self._gather_into(inp, lst, "all_gather input")
+            if then is not None:
+                then()
 
         return self._submit(run, list(result), wake=_is_async(opts))
 
@@ -996,6 +1172,7 @@ class ProcessGroupRinglet(ProcessGroup):
         if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(output, inputs, op)
             output_tensors, input_tensors = [output_tensors], [input_tensors]
         op = _opts(dist.ReduceScatterOptions, opts).reduceOp
+        self._real_op(op, [output_tensors, input_tensors], "reduce_scatter")
         outs = [self._tensor(o, "reduce_scatter output") for o in output_tensors]
         ins = [[self._tensor(t, "reduce_scatter input") for t in lst] for lst in input_tensors]
         for o, lst in zip(outs, ins):
@@ -1038,6 +1215,7 @@ class ProcessGroupRinglet(ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        self._real_op(op, [outputs, inputs], "reduce_scatter_tensor")
         pairs = []
         for o, i in zip(outputs, inputs):
             i, o = self._tensor(i, "reduce_scatter_tensor input"), self._tensor(
@@ -1067,7 +1245,7 @@ class ProcessGroupRinglet(ProcessGroup):
         if isinstance(input_tensors, torch.Tensor):  # gather(outputs, input, root)
             output_tensors, input_tensors = [output_tensors], [input_tensors]
         opts = _opts(dist.GatherOptions, opts)
-        root = self._root(opts.rootRank, "gather root")
+        root = self._root(opts.rootRank, "gather")
         inp = self._tensor(input_tensors[0], "gather input")
         outs: list[torch.Tensor] = []
         if self._rank == root:
@@ -1090,7 +1268,9 @@ class ProcessGroupRinglet(ProcessGroup):
                 _exchange(self._world(), send, counts, flat, recv_counts)
             _split_into(flat, outs)
 
-        return self._submit(run, list(output_tensors), wake=_is_async(opts))
+        # As gloo's future: the root's list of gathered tensors.
+        result = list(output_tensors[0]) if outs else list(output_tensors)
+        return self._submit(run, result, wake=_is_async(opts))
 
     @_torch_errors
     def scatter(
@@ -1100,7 +1280,7 @@ class ProcessGroupRinglet(ProcessGroup):
         if isinstance(output_tensors, torch.Tensor):  # scatter(output, inputs, root)
             output_tensors, input_tensors = [output_tensors], [input_tensors]
         opts = _opts(dist.ScatterOptions, opts)
-        root = self._root(opts.rootRank, "scatter root")
+        root = self._root(opts.rootRank, "scatter")
         out = self._tensor(output_tensors[0], "scatter output")
         ins: list[torch.Tensor] = []
         if self._rank == root:
@@ -1351,7 +1531,7 @@ class ProcessGroupRinglet(ProcessGroup):
             if self._any is None:
                 self._any = _core.Progress("ringlet-p2p-any")
             queue = self._any
-        work = Work(queue, list(_as_list(tensors)), self._timeout)
+        work = Work(queue, list(_as_list(tensors)), self._timeout, -1)
 
         def run() -> None:
             src = self._next_sender(tag)
