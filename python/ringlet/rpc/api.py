@@ -37,6 +37,7 @@ from .constants import DEFAULT_RPC_TIMEOUT_SEC, UNSET_RPC_TIMEOUT
 __all__ = [
     "UNSET_RPC_TIMEOUT",
     "WorkerInfo",
+    "get_rpc_timeout",
     "get_worker_info",
     "init_rpc",
     "is_available",
@@ -66,8 +67,9 @@ class WorkerInfo:
     __slots__ = ("_id", "_name")
 
     def __init__(self, name: str, id: int) -> None:
+        _validate_name(name)
         self._name = name
-        self._id = id
+        self._id = int(id)
 
     @property
     def name(self) -> str:
@@ -118,6 +120,7 @@ class _State:
     idle: threading.Condition = field(default_factory=threading.Condition)
     shutting_down: bool = False
     closed: bool = False  # the agent is closed: no reply will come
+    threads: int = 16
 
 
 _state: Optional[_State] = None
@@ -153,12 +156,9 @@ def _require() -> _State:
 def _validate_name(name: str) -> None:
     if not isinstance(name, str):
         raise TypeError(f"worker name must be a str, got {type(name).__name__}")
-    if not name or not _NAME_RE.match(name):
-        raise RuntimeError(f"Worker name must match ^[A-Za-z0-9-_:]*$, but got {name!r}")
-    if len(name) >= 128:
-        raise RuntimeError(
-            f"RPC worker name {name!r} is {len(name)} characters long; it must be shorter than 128"
-        )
+    if not name or not _NAME_RE.match(name) or len(name) >= 128:
+        raise RuntimeError("Worker name must match ^[A-Za-z0-9-_:]*$, and must be non-empty "
+                           f"and shorter than 128 chars, but got {name}")
 
 
 def _store_for(init_method: str, rank: int, world: int, timeout: float) -> tuple[Any, bool]:
@@ -173,8 +173,13 @@ def _store_for(init_method: str, rank: int, world: int, timeout: float) -> tuple
         store = TCPStore(host.strip("[]"), int(port), world, rank == 0,
                          timedelta(seconds=timeout), wait_for_workers=False, multi_tenant=True)
         return store, rank == 0
+    if init_method.startswith("file://"):
+        from torch.distributed import FileStore
+
+        return FileStore(init_method[len("file://"):], world), False
     if init_method != "env://":
-        raise ValueError(f"unsupported init_method {init_method!r} (use env:// or tcp://host:port)")
+        raise ValueError(f"unsupported init_method {init_method!r} "
+                         "(use env://, tcp://host:port or file:///path)")
     addr = os.environ.get("MASTER_ADDR") or ""
     p_raw = os.environ.get("MASTER_PORT") or ""
     if not addr or not p_raw:
@@ -225,20 +230,27 @@ def init_rpc(
     global _state
     from .. import runtime
     _validate_name(name)
-    if backend is not None and not isinstance(backend, BackendType) and str(backend) not in (
-        "BackendType.TENSORPIPE", "TENSORPIPE",
-    ):
-        raise TypeError(f"unsupported RPC backend {backend!r}")
+    opts = _check_backend_and_options(backend, rpc_backend_options)
+    init_method = str(getattr(opts, "init_method", "env://") or "env://")
     if rank == -1:
-        rank = int(os.environ.get("RANK", "-1"))
+        raw = os.environ.get("RANK")
+        if raw is None:
+            if init_method == "env://":
+                raise ValueError("Error initializing torch.distributed using env:// rendezvous: "
+                                 "environment variable RANK expected, but not set")
+            raise ValueError(f"Error initializing torch.distributed using {init_method}: "
+                             "rank parameter missing")
+        rank = int(raw)
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "-1"))
-    if rank < 0 or world_size is None or world_size <= 0 or rank >= world_size:
+        if world_size == -1:
+            raise ValueError(
+                "init_rpc needs world_size (or $WORLD_SIZE): ringlet.rpc has no dynamic "
+                "membership (world_size=None)")
+    if rank < 0 or world_size <= 0 or rank >= world_size:
         raise ValueError(f"init_rpc needs 0 <= rank < world_size, got rank={rank}, "
                          f"world_size={world_size}")
-    opts = rpc_backend_options or RpcBackendOptions()
     timeout = float(getattr(opts, "rpc_timeout", DEFAULT_RPC_TIMEOUT_SEC))
-    init_method = str(getattr(opts, "init_method", "env://") or "env://")
     threads = int(getattr(opts, "num_worker_threads", 16))
     with _init_lock:
         if _state is not None:
@@ -271,10 +283,10 @@ def init_rpc(
         if dups:
             agent.shutdown()
             # Everyone has read the names before the store's host may leave.
-            _barrier(store, f"{prefix}/names", world_size, "init", wait)
+            _count_barrier(store, f"{prefix}/names", world_size, "init", wait)
             _leave_store(store, f"{prefix}/left", world_size, hosts_store, wait)
             raise RuntimeError(
-                f"RPC worker names must be unique: {', '.join(dups)} is used by ranks "
+                f"RPC worker name {', '.join(dups)} is not unique: used by ranks "
                 f"{[r for r, n in enumerate(names) if n in dups]}"
             )
         force_tcp = os.environ.get("RINGLET_TRANSPORT", "").lower() == "tcp"
@@ -292,6 +304,7 @@ def init_rpc(
             store=store,
             prefix=prefix,
             hosts_store=hosts_store,
+            threads=threads,
         )
         _rref._start()
         if not _atexit_registered:
@@ -301,11 +314,46 @@ def init_rpc(
         _store_barrier(_state, "init", wait)
 
 
+def _torch_options_classes() -> tuple[type, ...]:
+    """torch's own option classes (base, TensorPipe), when torch has RPC."""
+    try:
+        from torch._C._distributed_rpc import RpcBackendOptions as TorchBase
+        from torch._C._distributed_rpc import _TensorPipeRpcBackendOptionsBase as TorchTP
+    except ImportError:
+        return ()
+    return (TorchBase, TorchTP)
+
+
+def _check_backend_and_options(backend: Any, opts: Any) -> Any:
+    """torch's checks of ``init_rpc``'s ``backend`` and ``rpc_backend_options``
+    (the same exception types and messages); returns the options to use."""
+    from .backend_registry import TensorPipeRpcBackendOptions
+
+    if backend is not None and not isinstance(backend, BackendType) and not (
+            type(backend).__name__ == "BackendType" and str(backend) == "BackendType.TENSORPIPE"):
+        raise TypeError("Argument backend must be a member of BackendType")
+    torch_classes = _torch_options_classes()
+    if opts is None:
+        return RpcBackendOptions()
+    if not isinstance(opts, (RpcBackendOptions, *torch_classes)):
+        raise TypeError("Argument rpc_backend_options must be an instance of RpcBackendOptions")
+    tensorpipe = isinstance(opts, (TensorPipeRpcBackendOptions, *torch_classes[1:]))
+    if backend is not None and str(backend) == "BackendType.TENSORPIPE":
+        if not tensorpipe:
+            raise TypeError(
+                f"`rpc_backend_options` must be a `TensorPipeRpcBackendOptions`. Got {type(opts)}.")
+    elif backend is None and not tensorpipe and type(opts) is not RpcBackendOptions:
+        # ringlet's own RpcBackendOptions selects ringlet's backend; other
+        # classes name no backend.
+        raise TypeError(f"Could not infer backend for options {opts}")
+    return opts
+
+
 def _store_barrier(st: _State, what: str, timeout: float) -> None:
-    _barrier(st.store, f"{st.prefix}/{what}", len(st.workers), what, timeout)
+    _count_barrier(st.store, f"{st.prefix}/{what}", len(st.workers), what, timeout)
 
 
-def _barrier(store: Any, key: str, n: int, what: str, timeout: float) -> None:
+def _count_barrier(store: Any, key: str, n: int, what: str, timeout: float) -> None:
     if int(store.add(key, 1)) == n:
         store.set(f"{key}/done", "1")
     try:
@@ -358,8 +406,239 @@ def get_worker_info(worker_name: Optional[str] = None) -> WorkerInfo:
     return WorkerInfo(w.name, w.id)  # a copy, as torch hands out
 
 
+class _AgentHandle:
+    """The current agent as ``_get_current_rpc_agent()`` hands it out: torch's
+    agent queries (``get_worker_info(s)``, ``get_debug_info``) and, through
+    attribute lookup, ringlet's Rust agent."""
+
+    def __init__(self, st: _State) -> None:
+        self._st = st
+
+    def __getattr__(self, name: str) -> Any:
+        agent = self._st.agent
+        if agent is None:
+            raise RuntimeError("RPC agent is shut down")
+        return getattr(agent, name)
+
+    def get_worker_info(self, worker: Union[str, int, None] = None) -> WorkerInfo:
+        """A worker's ``WorkerInfo`` by name or id (this worker's by default).
+
+        Args:
+          worker (str or int, optional): Name or id.
+
+        Returns:
+          WorkerInfo: the worker's name and id.
+
+        Example::
+
+            >>> rpc._get_current_rpc_agent().get_worker_info(1).name
+            'worker1'
+        """
+        w = self._st.me if worker is None else _worker(worker)
+        return WorkerInfo(w.name, w.id)
+
+    def get_worker_infos(self) -> list[WorkerInfo]:
+        """Every worker's ``WorkerInfo``, by id.
+
+        Returns:
+          list[WorkerInfo]: one per worker.
+
+        Example::
+
+            >>> [w.name for w in rpc._get_current_rpc_agent().get_worker_infos()]
+            ['worker0', 'worker1']
+        """
+        return [WorkerInfo(w.name, w.id) for w in self._st.workers]
+
+    def get_debug_info(self) -> dict[str, str]:
+        """Counters of the agent, as strings (torch's key names).
+
+        Returns:
+          dict[str, str]: ``agent.thread_pool_size``, ``agent.num_pending_requests``,
+          ``agent.server_active_calls``, ``agent.client_active_calls``.
+
+        Example::
+
+            >>> rpc._get_current_rpc_agent().get_debug_info()["agent.thread_pool_size"]
+            '16'
+        """
+        st = self._st
+        with st.lock:
+            pending = len(st.pending)
+        return {
+            "agent.thread_pool_size": str(st.threads),
+            "agent.num_pending_requests": str(pending),
+            "agent.client_active_calls": str(pending),
+            "agent.server_active_calls": str(st.active),
+        }
+
+
 def _get_current_rpc_agent() -> Any:
-    return _require().agent
+    """The current RPC agent (torch's private helper).
+
+    Returns:
+      The agent: ``get_worker_info``, ``get_worker_infos``, ``get_debug_info``.
+
+    Raises:
+      RuntimeError: when RPC is not initialized.
+
+    Example::
+
+        >>> len(rpc._get_current_rpc_agent().get_worker_infos())
+        2
+    """
+    st = _state
+    if st is None:
+        raise RuntimeError("Current RPC agent is not set! Did you initialize the RPC framework "
+                           "(e.g. by calling `rpc.init_rpc`)?")
+    return _AgentHandle(st)
+
+
+def _is_current_rpc_agent_set() -> bool:
+    """Whether RPC is initialized (torch's private helper).
+
+    Returns:
+      bool: ``True`` between ``init_rpc`` and ``shutdown``.
+
+    Example::
+
+        >>> rpc._is_current_rpc_agent_set()
+        True
+    """
+    return _state is not None
+
+
+def get_rpc_timeout() -> float:
+    """The default timeout of calls, in seconds (``rpc_timeout`` of the
+    options, or as set by :func:`_set_rpc_timeout`).
+
+    Returns:
+      float: seconds; 0 means none.
+
+    Raises:
+      RuntimeError: when RPC is not initialized.
+
+    Example::
+
+        >>> rpc.get_rpc_timeout()
+        60.0
+    """
+    return float(_current_agent_state().timeout)
+
+
+def _set_rpc_timeout(rpc_timeout: float) -> None:
+    """Sets the default timeout of later calls (torch's private helper).
+
+    Args:
+      rpc_timeout (float): Seconds; 0 means none.
+
+    Returns:
+      None.
+
+    Example::
+
+        >>> rpc._set_rpc_timeout(5)
+        >>> rpc.get_rpc_timeout()
+        5.0
+    """
+    _current_agent_state().timeout = float(rpc_timeout)
+
+
+def _current_agent_state() -> _State:
+    st = _state
+    if st is None:
+        raise RuntimeError("Current RPC agent is not set! Did you initialize the RPC framework "
+                           "(e.g. by calling `rpc.init_rpc`)?")
+    return st
+
+
+_gather_seq: dict[str, int] = {}
+_gather_lock = threading.Lock()
+
+
+def _all_gather(obj: Any, worker_names: Optional[Any] = None,
+                timeout: float = UNSET_RPC_TIMEOUT) -> dict[str, Any]:
+    """Gathers one picklable object from each named worker (all by default);
+    every one of them must call it, in the same order (torch's private
+    helper).
+
+    Args:
+      obj (object): This worker's contribution.
+      worker_names (iterable of str, optional): The workers taking part.
+      timeout (float): Seconds to wait for the others; -1: the default
+        timeout; 0: none.
+
+    Returns:
+      dict[str, object]: worker name -> its object.
+
+    Raises:
+      RuntimeError: ``timed out in _all_gather after ... seconds``.
+
+    Example::
+
+        >>> rpc.api._all_gather(rpc.get_worker_info().id)
+        {'worker0': 0, 'worker1': 1}
+    """
+    st = _require()
+    names = sorted(w.name for w in st.workers) if worker_names is None else sorted(
+        set(worker_names))
+    for n in names:
+        _worker(n)
+    group = ",".join(names)
+    with _gather_lock:
+        seq = _gather_seq.get(group, 0)
+        _gather_seq[group] = seq + 1
+    t = st.timeout if timeout is None or timeout == UNSET_RPC_TIMEOUT else float(timeout)
+    key = f"{st.prefix}/all_gather/{group}/{seq}"
+    st.store.set(f"{key}/{st.me.name}", pickle.dumps(obj))
+    keys = [f"{key}/{n}" for n in names]
+    try:
+        st.store.wait(keys, timedelta(seconds=t if t > 0 else 1e7))
+    except Exception:
+        raise RuntimeError(f"timed out in _all_gather after {t:.2f} seconds") from None
+    out = {n: pickle.loads(bytes(st.store.get(k))) for n, k in zip(names, keys)}
+    if int(st.store.add(f"{key}/read", 1)) == len(names):
+        for k in keys:
+            try:
+                st.store.delete_key(k)
+            except Exception:
+                pass
+    return out
+
+
+def _barrier(worker_names: Any) -> None:
+    """Waits until every named worker has called it (torch's private helper).
+
+    Args:
+      worker_names (iterable of str): The workers taking part.
+
+    Returns:
+      None.
+
+    Example::
+
+        >>> rpc.api._barrier(["worker0", "worker1"])
+    """
+    try:
+        _all_gather(None, set(worker_names))
+    except RuntimeError as e:
+        raise RuntimeError(f"Failed to complete barrier, got error {e}") from None
+
+
+def _wait_all_workers(timeout: float = 0) -> None:
+    """Waits until every worker has called it (torch's private helper).
+
+    Args:
+      timeout (float): Seconds; 0 (default): none.
+
+    Returns:
+      None.
+
+    Example::
+
+        >>> rpc.api._wait_all_workers()
+    """
+    _all_gather(None, timeout=timeout)
 
 
 # ------------------------------------------------------------- serialization
@@ -392,31 +671,73 @@ def _load_script_function(qualified: str) -> Any:
 # every object. Per-message state lives in thread-locals.
 
 
+# As torch's RPC: a tensor travels with its whole storage (so views keep their
+# strides and offset, and views of one storage in a message share it on
+# arrival) unless the storage is large and mostly unused by the tensor; then
+# a compact copy travels instead.
+_RECOPY_MIN_BYTES = 8 << 10
+
+
 def _reduce_tensor(t: torch.Tensor) -> Any:
     _cpu_only(t)
     if t.layout != torch.strided or t.is_quantized:
         return t.__reduce_ex__(5)
     d = t.detach()
-    if not d.is_contiguous():
-        d = d.contiguous()
+    if d.is_conj() or d.is_neg():
+        d = d.resolve_conj().resolve_neg()
+    itemsize = d.element_size()
+    useful = d.numel() * itemsize
+    storage = d.untyped_storage()
+    size = storage.nbytes()
+    if size >= _RECOPY_MIN_BYTES and size >= 2 * useful:
+        d = d.clone()  # keeps a dense layout's strides
+        storage = d.untyped_storage()
+        size = storage.nbytes()
     out: list[torch.Tensor] = _local.out
-    out.append(d)
+    seen: dict[tuple[int, int], int] = _local.storages
+    key = (storage.data_ptr(), size)
+    i = seen.get(key)
+    if i is None:
+        if useful == size and d.storage_offset() == 0 and d.is_contiguous():
+            buf = d  # the tensor is its storage
+        else:
+            buf = torch.empty(0, dtype=torch.uint8).set_(storage)
+        out.append(buf)
+        i = seen[key] = len(out) - 1
     grad_out = getattr(_local, "grad_out", None)
     if grad_out is not None and t.requires_grad:
         grad_out.append(t)  # still attached to its graph: distributed autograd's send
-    return (_rebuild_tensor, (len(out) - 1, t.dtype, tuple(t.shape), bool(t.requires_grad),
+    return (_rebuild_tensor, (i, size, t.dtype, tuple(d.shape), tuple(d.stride()),
+                              d.storage_offset(), bool(t.requires_grad),
                               isinstance(t, torch.nn.Parameter)))
 
 
-def _rebuild_tensor(i: int, dtype: torch.dtype, shape: tuple[int, ...], requires_grad: bool,
+def _rebuild_tensor(i: int, size: int, dtype: torch.dtype, shape: tuple[int, ...],
+                    stride: tuple[int, ...], offset: int, requires_grad: bool,
                     is_param: bool) -> torch.Tensor:
-    msg, lens = _local.msg, _local.lens
-    out = torch.empty(shape, dtype=dtype)
-    nbytes = out.numel() * out.element_size()
-    if i >= len(lens) or lens[i] != nbytes:
-        raise RuntimeError("malformed RPC message: tensor size does not match its bytes")
-    if nbytes:
-        msg.fetch(i, out.data_ptr(), nbytes)
+    lens: list[int] = _local.lens
+    bufs: dict[int, torch.Tensor] = _local.bufs
+    base = bufs.get(i)
+    out: Optional[torch.Tensor] = None
+    if base is None:
+        if i >= len(lens) or lens[i] != size:
+            raise RuntimeError("malformed RPC message: tensor size does not match its bytes")
+        numel = 1
+        for n in shape:
+            numel *= n
+        if (offset == 0 and numel * dtype.itemsize == size
+                and stride == _contiguous_strides(shape)):
+            base = out = torch.empty(shape, dtype=dtype)  # the tensor is its storage
+        else:
+            base = torch.empty(size, dtype=torch.uint8)
+        if size:
+            _local.msg.fetch(i, base.data_ptr(), size)
+        bufs[i] = base
+    if out is None:  # a view of the storage (shared with the message's other views)
+        try:
+            out = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), offset, shape, stride)
+        except RuntimeError as e:
+            raise RuntimeError(f"malformed RPC message: {e}") from None
     if is_param:
         out = torch.nn.Parameter(out, requires_grad=requires_grad)
     elif requires_grad:
@@ -425,6 +746,15 @@ def _rebuild_tensor(i: int, dtype: torch.dtype, shape: tuple[int, ...], requires
     if recv is not None and requires_grad:
         recv.append(out)  # distributed autograd's recv: a new leaf
     return out
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    acc = 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def _reduce_rref(r: Any) -> Any:
@@ -459,15 +789,15 @@ def _dumps(obj: Any, dest: int, grad_out: Optional[list[torch.Tensor]] = None,
     if not _Pickler.dispatch_table:
         _Pickler.dispatch_table = _dispatch_table()
     prev = (getattr(_local, "out", None), getattr(_local, "dest", None),
-            getattr(_local, "grad_out", None))
+            getattr(_local, "grad_out", None), getattr(_local, "storages", None))
     tensors: list[torch.Tensor] = []
-    _local.out, _local.dest, _local.grad_out = tensors, dest, grad_out
+    _local.out, _local.dest, _local.grad_out, _local.storages = tensors, dest, grad_out, {}
     try:
         f = io.BytesIO()
         _Pickler(f, 5).dump(obj)
         return f.getvalue(), tensors
     finally:
-        _local.out, _local.dest, _local.grad_out = prev
+        _local.out, _local.dest, _local.grad_out, _local.storages = prev
 
 
 def _loads(msg: Any) -> Any:
@@ -478,13 +808,13 @@ def _loads_leaves(msg: Any) -> tuple[Any, list[torch.Tensor]]:
     """Unpickles a message; also returns the received tensors that require
     grad (distributed autograd's recv leaves)."""
     prev = (getattr(_local, "msg", None), getattr(_local, "lens", None),
-            getattr(_local, "recv", None))
+            getattr(_local, "recv", None), getattr(_local, "bufs", None))
     leaves: list[torch.Tensor] = []
-    _local.msg, _local.lens, _local.recv = msg, msg.tensor_lens, leaves
+    _local.msg, _local.lens, _local.recv, _local.bufs = msg, msg.tensor_lens, leaves, {}
     try:
         return pickle.loads(msg.payload()), leaves
     finally:
-        _local.msg, _local.lens, _local.recv = prev
+        _local.msg, _local.lens, _local.recv, _local.bufs = prev
         msg.release()
 
 
@@ -509,9 +839,16 @@ def _tensor_bufs(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
 
 
 def _timeout_of(st: _State, timeout: float) -> float:
-    if timeout is None or timeout == UNSET_RPC_TIMEOUT or timeout < 0:
+    """The timeout of a call: the default for -1 (``UNSET_RPC_TIMEOUT``) or
+    ``None``; any other negative value times the call out at once (as
+    torch)."""
+    if timeout is None or timeout == UNSET_RPC_TIMEOUT:
         return st.timeout
     return float(timeout)
+
+
+def _agent_timeout(t: float) -> float:
+    return t if t >= 0 else 1e-6
 
 
 def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, bytes,
@@ -524,7 +861,7 @@ def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, 
     grad_out: Optional[list[torch.Tensor]] = None
     # An RRef fetch records too (torch's to_here forces grad recording): the
     # owner's answer carries the value's graph.
-    if cid is not None and body[0] in ("call", "remote", "fetch"):
+    if cid is not None and body[0] in ("call", "remote", "fetch") and not _plain_builtin(body):
         key = (st.me.id, next(_ids))
         body = ("ctx", cid, key, body)
         grad_out = []
@@ -540,6 +877,26 @@ def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, 
     return st, t, payload, tensors, kept
 
 
+def _plain_builtin(body: Any) -> bool:
+    """Whether a request runs a torch builtin op on arguments none of which
+    requires grad: torch sends those without the autograd context (Python
+    functions always carry it)."""
+    call = body[3] if body[0] == "remote" else body
+    if call[0] != "call" or torch.jit._builtins._find_builtin(call[1]) is None:
+        return False
+    return not _any_requires_grad((call[2], call[3]))
+
+
+def _any_requires_grad(v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        return v.requires_grad
+    if isinstance(v, (list, tuple)):
+        return any(_any_requires_grad(x) for x in v)
+    if isinstance(v, dict):
+        return any(_any_requires_grad(x) for x in v.values())
+    return False
+
+
 def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None,
           torch_exc: bool = False) -> Future:
     """Sends one request; the returned future completes with its outcome
@@ -548,7 +905,7 @@ def _send(to: WorkerInfo, body: Any, timeout: float, keep: Any = None,
     fut: Future = Future()
     entry = _Pending(fut, to.id, t, (keep, kept), torch_exc)
     try:
-        cid = st.agent.call(to.id, payload, _tensor_bufs(tensors), t, tensors)
+        cid = st.agent.call(to.id, payload, _tensor_bufs(tensors), _agent_timeout(t), tensors)
     except (RuntimeError, AttributeError) as e:
         raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
     _track(st, cid, entry)
@@ -578,7 +935,8 @@ def _send_sync(to: WorkerInfo, body: Any, timeout: float, keep: Any = None,
     thread hands it the response directly."""
     st, t, payload, tensors, kept = _prepare(to, body, timeout)
     try:
-        msg = st.agent.call_wait(to.id, payload, _tensor_bufs(tensors), t, tensors)
+        msg = st.agent.call_wait(to.id, payload, _tensor_bufs(tensors), _agent_timeout(t),
+                                 tensors)
     except (RuntimeError, AttributeError) as e:
         raise RuntimeError(f"RPC to {to.name} failed: {e}") from None
     ok, value = _outcome(st, to.id, t, msg, torch_exc)
@@ -797,12 +1155,15 @@ def _reply(st: _State, reply: Any, ok: bool, value: Any, cid: Optional[int] = No
         _local.dest_name, _local.keep = st.workers[reply.peer].name, None
         try:
             payload, tensors = _dumps(value, reply.peer, grad_out)
-        except BaseException as e:
-            ok, value = False, e
+        except Exception as e:
+            # torch: the result's pickling error reaches the caller as a
+            # RuntimeError("<Type>: <message>") whatever the call.
+            ok, value = False, _PlainError(f"{type(e).__name__}: {e}")
         finally:
             _local.dest_name, _local.keep = prev
         if ok and grad_out is not None:
-            _autograd._record_send(cid, key, reply.peer, grad_out)  # type: ignore[arg-type]
+            _autograd._record_send(cid, key, reply.peer, grad_out,  # type: ignore[arg-type]
+                                   known=bool(grad_out))
     if not ok:
         payload, tensors = _exception_payload(st, value), []
     try:
@@ -930,10 +1291,15 @@ def _outcome(st: _State, to: int, timeout: float, msg: Any, torch_exc: bool = Fa
 
 def _complete(st: _State, entry: _Pending, msg: Any) -> None:
     ok, value = _outcome(st, entry.to, entry.timeout, msg, entry.torch_exc)
-    if ok:
-        entry.fut.set_result(value)
-    else:
-        entry.fut.set_exception(value)
+    if entry.fut.done():
+        return  # completed by its holder meanwhile (set_result): the reply is dropped
+    try:
+        if ok:
+            entry.fut.set_result(value)
+        else:
+            entry.fut.set_exception(value)
+    except RuntimeError:
+        pass  # completed meanwhile
 
 
 def _on_response(msg: Any) -> None:
@@ -955,7 +1321,7 @@ def _send_raw(to: Union[str, int, WorkerInfo], payload: bytes, timeout: float = 
     w = _worker(to)
     t = _timeout_of(st, timeout)
     fut: Future = Future()
-    cid = st.agent.call(w.id, payload, [], t, None)
+    cid = st.agent.call(w.id, payload, [], _agent_timeout(t), None)
     entry = _Pending(fut, w.id, t)
     _track(st, cid, entry)
     return fut

@@ -46,6 +46,9 @@ class _Context:
         self.keep: list[torch.Tensor] = []
         self.grads: dict[torch.Tensor, torch.Tensor] = {}
         self.peers: set[int] = set()
+        # Workers this one sent a message of the context to (torch's known
+        # worker ids: requests, and responses that carry tensors with grad).
+        self.known: set[int] = set()
         # Graph nodes a backward pass without retain_graph went through
         # (node -> pass): another pass through one that saved tensors fails
         # as torch's freed graph does.
@@ -103,10 +106,13 @@ def _get(cid: int) -> _Context:
     return ctx
 
 
-def _record_send(cid: int, key: Any, dest: int, tensors: list[torch.Tensor]) -> None:
+def _record_send(cid: int, key: Any, dest: int, tensors: list[torch.Tensor],
+                 known: bool = True) -> None:
     ctx = _ensure(cid)
     with ctx.lock:
         ctx.peers.add(dest)
+        if known:
+            ctx.known.add(dest)
         if tensors:
             ctx.sends[key] = tensors
 
@@ -118,6 +124,137 @@ def _record_recv(cid: int, sender: int, key: Any, leaves: list[torch.Tensor]) ->
         for i, leaf in enumerate(leaves):
             ctx.recv_of[id(leaf)] = (sender, key, i)
             ctx.keep.append(leaf)
+
+
+class DistAutogradContext:
+    """A distributed autograd context as torch's private helpers hand it out.
+
+    Args:
+      ctx (_Context): The context's record on this worker.
+
+    Example::
+
+        >>> with dist_autograd.context() as context_id:
+        ...     dist_autograd._current_context()._context_id() == context_id
+        True
+    """
+
+    def __init__(self, ctx: _Context) -> None:
+        self._ctx = ctx
+
+    def _context_id(self) -> int:
+        return self._ctx.id
+
+    def _known_worker_ids(self) -> set[int]:
+        with self._ctx.lock:
+            return set(self._ctx.known)
+
+
+def _retrieve_context(context_id: int) -> DistAutogradContext:
+    """The context with that id on this worker (torch's private helper).
+
+    Args:
+      context_id (int): A context id.
+
+    Returns:
+      DistAutogradContext: the context.
+
+    Raises:
+      RuntimeError: ``Could not find autograd context with id: <id>``.
+
+    Example::
+
+        >>> dist_autograd._retrieve_context(context_id)._context_id() == context_id
+        True
+    """
+    return DistAutogradContext(_get(context_id))
+
+
+def _current_context() -> DistAutogradContext:
+    """This thread's current context (torch's private helper).
+
+    Returns:
+      DistAutogradContext: the context of the enclosing ``with context()``.
+
+    Raises:
+      RuntimeError: outside a context.
+
+    Example::
+
+        >>> with dist_autograd.context() as context_id:
+        ...     dist_autograd._current_context()._context_id() == context_id
+        True
+    """
+    cid = _current_id()
+    ctx = None if cid is None else _find(cid)
+    if ctx is None:
+        raise RuntimeError(
+            "Current thread doesn't have a valid autograd context. Please wrap your code using: "
+            "`with torch.distributed.autograd.context() as context_id` to generate a valid "
+            "context")
+    return DistAutogradContext(ctx)
+
+
+def _get_max_id() -> int:
+    """The largest context id this worker can hand out (torch's private helper).
+
+    Returns:
+      int: ``(worker_id << 48) + 2**48 - 1``.
+
+    Example::
+
+        >>> dist_autograd._get_max_id() >> 48 == rpc.get_worker_info().id
+        True
+    """
+    return (_api._require().me.id << 48) + (1 << 48) - 1
+
+
+def _new_context() -> DistAutogradContext:
+    """Starts a context and makes it this thread's current one (what
+    :func:`context` does on entry; torch's private helper).
+
+    Returns:
+      DistAutogradContext: the new context.
+
+    Raises:
+      RuntimeError: when this thread already has one.
+
+    Example::
+
+        >>> ctx = dist_autograd._new_context()
+        >>> dist_autograd._release_context(ctx._context_id())
+    """
+    st = _api._require()
+    if _current_id() is not None:
+        raise RuntimeError("Already have an autograd context id for this thread.")
+    cid = (st.me.id << 48) | next(_ids)
+    ctx = _ensure(cid)
+    _tls.cur = cid
+    return DistAutogradContext(ctx)
+
+
+def _release_context(context_id: int) -> None:
+    """Frees a context here and on the workers it reached (what leaving
+    :func:`context` does; torch's private helper).
+
+    Args:
+      context_id (int): The context's id.
+
+    Returns:
+      None.
+
+    Raises:
+      RuntimeError: ``Could not find autograd context with id: <id>``.
+
+    Example::
+
+        >>> ctx = dist_autograd._new_context()
+        >>> dist_autograd._release_context(ctx._context_id())
+    """
+    _get(context_id)
+    if _current_id() == context_id:
+        _tls.cur = None
+    _release(context_id)
 
 
 @contextlib.contextmanager
@@ -290,7 +427,8 @@ def _backprop(ctx: _Context, tensors: list[torch.Tensor], grads: list[Optional[t
 def _backward_step(cid: int, key: Any, grads: dict[int, torch.Tensor], retain_graph: bool = True,
                    pass_id: Any = None) -> Optional[str]:
     """Continues a backward pass from a recorded send; returns ``None``, or
-    the error's message (the caller prefixes its node, as torch does)."""
+    the error's message prefixed with this node (the caller prefixes its
+    own, as torch does: ``Error on Node 0: Error on Node 1: ...``)."""
     ctx = _get(cid)
     with ctx.lock:
         tensors = ctx.sends.get(key)
@@ -300,7 +438,8 @@ def _backward_step(cid: int, key: Any, grads: dict[int, torch.Tensor], retain_gr
         _backprop(ctx, tensors, [grads.get(i) for i in range(len(tensors))], retain_graph,
                   pass_id)
     except Exception as e:
-        return str(e)
+        prefix = f"Error on Node {_api._require().me.id}: "
+        return str(e) if str(e).startswith(prefix) else prefix + str(e)
     return None
 
 

@@ -32,6 +32,9 @@ class BackendType(enum.Enum):
     RINGLET = "RINGLET"
     TENSORPIPE = "TENSORPIPE"
 
+    def __repr__(self) -> str:
+        return f"BackendType.{self.name}"  # as torch shows its members
+
 
 class RpcBackendOptions:
     """Options of the RPC agent.

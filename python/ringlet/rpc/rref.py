@@ -214,7 +214,10 @@ class RRef(Generic[T]):
     _type: Optional[type] = None  # the value's type, once asked for
 
     def __init__(self, value: Any = None, type_hint: Optional[type] = None) -> None:
-        st = _api._require()
+        st = _api._current_agent_state()
+        if type_hint is not None and not isinstance(value, torch.jit.ScriptModule):
+            raise RuntimeError("type_hint should only be specified when the RRef being created "
+                               "contains a ScriptModule.")
         self._owner = st.me.id
         self._rid = _new_id()
         self._fid: Optional[tuple[int, int]] = None
@@ -451,11 +454,13 @@ class RRef(Generic[T]):
         if self._entry is not None:
             return self._entry.fut.wait()
         to = self.owner()
-        value = _api._send_sync(to, ("fetch", self._rid), timeout, self)
-        if c is not None:
-            # The owner may answer the fetch before the creation's own reply.
-            _api._wait_all([c], _api._timeout_of(_api._require(), timeout) or 60.0)
-        return value
+        try:
+            return _api._send_sync(to, ("fetch", self._rid), timeout, self)
+        finally:
+            if c is not None:
+                # The owner may answer the fetch before the creation's own
+                # reply: confirmed once to_here returns, whatever its outcome.
+                _api._wait_all([c], _api._timeout_of(_api._require(), timeout) or 60.0)
 
     def _get_future(self) -> Future:
         """The creation future (torch's private name)."""
@@ -477,6 +482,9 @@ class RRef(Generic[T]):
         Returns:
           None.
 
+        Raises:
+          RuntimeError: on a user RRef without ``dist_autograd_ctx_id``.
+
         Example::
 
             >>> with dist_autograd.context() as context_id:
@@ -488,6 +496,8 @@ class RRef(Generic[T]):
         if self.is_owner():
             _rref_backward(self, dist_autograd_ctx_id, retain_graph)
             return
+        if dist_autograd_ctx_id == -1:
+            raise RuntimeError("User RRefs require 'dist_autograd_ctx_id' to be specified")
         with _autograd._using(None):
             _api._send_sync(self.owner(), ("call", _rref_backward,
                                            (self, dist_autograd_ctx_id, retain_graph), {}),
