@@ -543,6 +543,13 @@ def test_single_process_world_of_one() -> None:
         mark_sharding(full, Mesh([0, 1], (2,)), (0, None))
     with pytest.raises(AssertionError, match=r"spec length \(1\).*input rank \(2\)"):
         mark_sharding(full, mesh, ("x",))
+    # torch_xla asserts the spec's length before it reads the entries
+    with pytest.raises(AssertionError, match=r"spec length \(1\).*input rank \(2\)"):
+        mark_sharding(full, mesh, ("no_such_axis",))
+    with pytest.raises(AssertionError, match=r"spec length \(3\).*input rank \(2\)"):
+        mark_sharding(full, mesh, (1.5, None, None))
+    with pytest.raises(ValueError, match="not defined"):
+        mark_sharding(full, mesh, ("no_such_axis", None))
 
 
 def test_xla_shard_indices_and_unpadded_data() -> None:

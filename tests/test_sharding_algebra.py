@@ -493,6 +493,47 @@ def test_sharding_spec():
     assert scalar.can_apply(torch.tensor(1.0))
 
 
+def test_sharding_spec_xla_spec():
+    mesh = Mesh(range(8), (4, 2), ("x", "y"))
+    spec = ShardingSpec(mesh, ("x", None))
+    # None when the spec does not fit the tensor (torch_xla's can_apply check)
+    assert spec.xla_spec(torch.zeros(8)) is None
+    assert spec.xla_spec(torch.zeros(8, 3, 1)) is None
+    op = spec.xla_spec(torch.zeros(8, 3))
+    assert op is mesh.get_op_sharding(("x", None))
+    assert repr(op) == "{devices=[4,1,2]0,1,2,3,4,5,6,7 last_tile_dim_replicate}"
+
+
+def test_op_sharding_args_and_helper_keywords():
+    """torch_xla's private helpers, called with its argument names."""
+    from ringlet.sharding import _get_group_assignment, _get_sharding_type, _get_tile_assignment
+
+    mesh = Mesh(range(8), (2, 2, 2), ("a", "b", "c"))
+    # a 2-d spec over a 3-d mesh: axis c (the unused one) replicates
+    assert mesh._get_op_sharding_args(("b", "a")) == (
+        [[[0, 1], [4, 5]], [[2, 3], [6, 7]]],
+        [[0, 1], [2, 3]],
+        [[0, 1], [4, 5], [2, 3], [6, 7]],
+        5,
+    )
+    assert mesh._get_op_sharding_args((("a", "b", "c"),)) == (
+        [0, 1, 2, 3, 4, 5, 6, 7], [], [], 3)
+    assert mesh._get_op_sharding_args((None, None, None)) == (
+        [[[0, 1], [2, 3]], [[4, 5], [6, 7]]], [], [], 0)
+    assert type(mesh._get_op_sharding_args(("a", None, None))[3]) is int
+    with pytest.raises(ValueError, match="not defined"):
+        mesh._get_op_sharding_args(("q",))
+    tiles = _get_tile_assignment(mesh=mesh, partition_spec=(2, None))
+    assert tiles.tolist() == [[[0, 2], [4, 6]], [[1, 3], [5, 7]]]
+    assert _get_sharding_type(partition_spec=(2, None), num_devices=8) is P
+    assert _get_sharding_type(partition_spec=(None, None), num_devices=8) is R
+    assert _get_sharding_type(partition_spec=(0, 1), num_devices=1) is M
+    assert _get_group_assignment(sharding_type=P, tile_assignment=tiles, tensor_rank=2,
+                                 replicate_dims={1}) == ([[0], [1]], [[0, 2, 4, 6], [1, 3, 5, 7]])
+    assert _get_group_assignment(sharding_type=T, tile_assignment=tiles, tensor_rank=2,
+                                 replicate_dims=set()) == ([], [])
+
+
 def test_sharding_spec_rejects_bad_spec():
     mesh = Mesh(range(4), (2, 2), ("x", "y"))
     with pytest.raises(ValueError, match="axis name 'q' is not defined"):

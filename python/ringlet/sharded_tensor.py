@@ -252,8 +252,8 @@ class XLAShardedTensor:
         spec = _as_spec(partition_spec)
         self._rank = _rank_world()[0]
         shape = tuple(int(d) for d in global_shape)
-        self._norm_spec = _normalize(mesh, spec)
         _check_rank_of_spec(spec, len(shape))
+        self._norm_spec = _normalize(mesh, spec)
         self._partition_spec = spec
         self._info = shard_indices(shape, mesh, spec, self._rank)
         self._manual = manual
@@ -321,8 +321,8 @@ class XLAShardedTensor:
             )
         spec = _as_spec(partition_spec)
         _check_mesh(mesh, "from_local_shards")
-        norm = _normalize(mesh, spec)
         _check_rank_of_spec(spec, local.dim())
+        norm = _normalize(mesh, spec)
         if global_shape is None:
             parts = [_parts(mesh, e) for e in norm]
             global_shape = tuple(n * p for n, p in zip(local.shape, parts))
@@ -628,8 +628,8 @@ class XLAShardedTensor:
             )
         new_mesh = self._mesh if mesh is None else _check_mesh(mesh, "reshard")
         spec = _as_spec(partition_spec)
-        norm = _normalize(new_mesh, spec)
         _check_rank_of_spec(spec, self.ndim)
+        norm = _normalize(new_mesh, spec)
         plan = _reshard_plan(tuple(self._global_shape), self._mesh, self._norm_spec, new_mesh,
                              norm)
         data = _run_plan(plan, self._local(), self._rank)
@@ -857,8 +857,9 @@ ShardableTensor = Union[torch.Tensor, XLAShardedTensor]
 
 
 def _shard_full(t: torch.Tensor, mesh: Mesh, spec: tuple[Any, ...]) -> XLAShardedTensor:
-    _normalize(mesh, spec)
+    # torch_xla's order: the spec's length is asserted before its entries are read.
     _check_rank_of_spec(spec, t.dim())
+    _normalize(mesh, spec)
     rank = _rank_world()[0]
     local = t.detach()
     info = shard_indices(tuple(local.shape), mesh, spec, rank)

@@ -39,8 +39,8 @@ Differences from torch_xla worth knowing:
   mesh with no axes are rejected.
 * :class:`ShardingSpec` derives its fields from :meth:`Mesh.get_op_sharding`
   (so it uses the mesh size and the partial-replication rule for meshes with
-  more axes than the spec uses), and offers ``op_sharding`` in place of
-  ``xla_spec``.
+  more axes than the spec uses); ``xla_spec`` returns that
+  :class:`OpSharding` (also as ``op_sharding``) instead of XLA's native spec.
 * :class:`HybridMesh` reads the host topology from ``ringlet.host_layout()``
   (or a ``host_layout=`` argument); the ranks of one host are laid out in
   row-major order since there is no physical torus to map onto.
@@ -343,6 +343,30 @@ class Mesh:
             cached = _compute_op_sharding(self, spec)
             self._op_sharding_cache[spec] = cached
         return cached
+
+    def _get_op_sharding_args(
+        self, partition_spec: PartitionSpec
+    ) -> tuple[list[Any], list[Any], list[list[int]], int]:
+        """The pieces of :meth:`get_op_sharding` as torch_xla hands them on.
+
+        Args:
+            partition_spec (PartitionSpec): one entry per tensor dimension.
+
+        Returns:
+            Tuple[List, List, List[List[int]], int]: the tile assignment, the
+            group assignment, the replication groups and the sharding type as
+            an int.
+
+        Raises:
+            ValueError: for an invalid spec (see :meth:`get_op_sharding`).
+
+        Example:
+            >>> Mesh(range(4), (2, 2))._get_op_sharding_args((0, None))
+            ([[0, 1], [2, 3]], [[0], [1]], [[0, 1], [2, 3]], 5)
+        """
+        op = self.get_op_sharding(partition_spec)
+        return (op.tile_assignment, op.group_assignment, op.replication_groups,
+                int(op.sharding_type))
 
     def axis_index(self, axis: MeshAxis) -> int:
         """Resolve a mesh axis given by position or by name.
@@ -957,25 +981,49 @@ def _translate_named_partition_spec(mesh: Mesh,
     return normalize_partition_spec(mesh, partition_spec)
 
 
-def _get_sharding_type(spec: _NormalizedSpec, num_devices: int) -> ShardingType:
-    """The sharding type from the spec alone (torch_xla's base rule)."""
+def _get_sharding_type(partition_spec: _NormalizedSpec, num_devices: int) -> ShardingType:
+    """The sharding type from the spec alone (torch_xla's base rule).
+
+    Args:
+        partition_spec (Tuple): a translated partition spec.
+        num_devices (int): the number of devices.
+
+    Returns:
+        ShardingType: MAXIMAL on one device, REPLICATED when no dimension is
+        split, PARTIAL when some are, TILED when all are.
+
+    Example:
+        >>> _get_sharding_type((0, None), 4)
+        <ShardingType.PARTIAL: 5>
+    """
     if num_devices == 1:
         return ShardingType.MAXIMAL
-    if all(d is None for d in spec):
+    if all(d is None for d in partition_spec):
         return ShardingType.REPLICATED
-    if any(d is None for d in spec):
+    if any(d is None for d in partition_spec):
         return ShardingType.PARTIAL
     return ShardingType.TILED
 
 
-def _get_tile_assignment(mesh: Mesh, spec: _NormalizedSpec) -> np.ndarray:
-    """Permute the logical mesh into the tile assignment for ``spec``.
+def _get_tile_assignment(mesh: Mesh, partition_spec: _NormalizedSpec) -> np.ndarray:
+    """Permute the logical mesh into the tile assignment for ``partition_spec``.
 
     The mesh axes used by the spec come first, in spec order, followed by
     the unused axes in increasing order; the axes of each tuple entry are
     then merged into one (the first listed axis major).
+
+    Args:
+        mesh (Mesh): the mesh.
+        partition_spec (Tuple): a translated partition spec.
+
+    Returns:
+        np.ndarray: the permuted (and merged) logical mesh.
+
+    Example:
+        >>> _get_tile_assignment(Mesh(range(4), (2, 2)), (1, 0)).tolist()
+        [[0, 2], [1, 3]]
     """
-    tiled = [d for d in spec if d is not None]
+    tiled = [d for d in partition_spec if d is not None]
     order: list[int] = []
     for d in tiled:
         order.extend(d if isinstance(d, tuple) else (d,))
@@ -988,18 +1036,35 @@ def _get_tile_assignment(mesh: Mesh, spec: _NormalizedSpec) -> np.ndarray:
     return tiles
 
 
-def _get_group_assignment(sharding_type: ShardingType, tiles: np.ndarray,
+def _get_group_assignment(sharding_type: ShardingType, tile_assignment: np.ndarray,
                           tensor_rank: int,
                           replicate_dims: set[int]) -> tuple[list[Any], list[list[int]]]:
     """Group grid and replication groups for PARTIAL shardings.
 
-    The leading axes of ``tiles`` (one per split tensor dimension) select a
-    tile; the trailing axes enumerate the ranks that all hold that tile.
-    Groups are numbered row-major over the leading axes, and the group grid
-    puts a 1 on every unsplit tensor dimension.
+    The leading axes of ``tile_assignment`` (one per split tensor dimension)
+    select a tile; the trailing axes enumerate the ranks that all hold that
+    tile. Groups are numbered row-major over the leading axes, and the group
+    grid puts a 1 on every unsplit tensor dimension.
+
+    Args:
+        sharding_type (ShardingType): the sharding type; anything but
+            PARTIAL has no groups.
+        tile_assignment (np.ndarray): from :func:`_get_tile_assignment`.
+        tensor_rank (int): the number of tensor dimensions.
+        replicate_dims (Set[int]): the tensor dimensions not split.
+
+    Returns:
+        Tuple[List, List]: the group assignment and the replication groups
+        (both empty unless PARTIAL).
+
+    Example:
+        >>> tiles = np.arange(4).reshape(2, 2)
+        >>> _get_group_assignment(ShardingType.PARTIAL, tiles, 2, {1})
+        ([[0], [1]], [[0, 1], [2, 3]])
     """
     if sharding_type is not ShardingType.PARTIAL:
         return [], []
+    tiles = tile_assignment
     n_split = tensor_rank - len(replicate_dims)
     lead = tiles.shape[:n_split]
     width = math.prod(tiles.shape[n_split:])
@@ -1081,6 +1146,27 @@ class ShardingSpec:
             {replicated}
         """
         return self.mesh.get_op_sharding(self.partition_spec)
+
+    def xla_spec(self, t: torch.Tensor) -> OpSharding | None:
+        """The sharding for ``t``, or None when the spec does not fit it.
+
+        torch_xla returns its native ``XlaShardingSpec`` here; ringlet returns
+        the :class:`OpSharding` it stands for.
+
+        Args:
+            t (torch.Tensor): the tensor to shard.
+
+        Returns:
+            Optional[OpSharding]: :attr:`op_sharding`, or None when
+            :meth:`can_apply` is False.
+
+        Example:
+            >>> ShardingSpec(Mesh(range(2), (2,)), (0,)).xla_spec(torch.zeros(2, 2)) is None
+            True
+        """
+        if not self.can_apply(t):
+            return None
+        return self.op_sharding
 
     def can_apply(self, t: torch.Tensor) -> bool:
         """Whether the spec fits a tensor: one entry per dimension.
