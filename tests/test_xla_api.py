@@ -236,6 +236,14 @@ def test_rate_tracker(monkeypatch: pytest.MonkeyPatch) -> None:
     rt3.add(9)
     clock[0] = 112.0
     assert rt3.rate() == pytest.approx(9.0)
+    # torch_xla's private pieces: _smooth blends, _update folds the count in
+    rt4 = ringlet.RateTracker(smooth_factor=0.25)
+    assert rt4._smooth(8.0) == 8.0  # no previous rate yet
+    rt4.add(5)
+    rt4._update(120.0, 4.0)
+    assert (rt4._partial_count, rt4._count, rt4._partial_time, rt4._partial_rate) == (
+        5.0, 0.0, 120.0, 4.0)
+    assert rt4._smooth(8.0) == pytest.approx(0.75 * 8.0 + 0.25 * 4.0)
 
 
 # ---------------------------------------------------------------------------
@@ -953,6 +961,26 @@ def eager_helpers(rank: int, world: int) -> None:
     assert seen == [1, 2]
     ringlet.mark_step()
     assert seen == [1, 2]
+    # a closure queued by a closure runs at the next step, as in torch_xla
+    # (which swaps the list out before running it)
+    steps: list[int] = []
+
+    def again() -> None:
+        steps.append(len(steps))
+        if len(steps) < 3:
+            ringlet.add_step_closure(again)
+
+    ringlet.add_step_closure(again)
+    for want in ([0], [0, 1], [0, 1, 2], [0, 1, 2]):
+        ringlet.mark_step()
+        assert steps == want
+    # a raising closure drops the rest of that step's closures
+    ringlet.add_step_closure(lambda: 1 / 0)
+    ringlet.add_step_closure(steps.append, (-1,))
+    with pytest.raises(ZeroDivisionError):
+        ringlet.mark_step()
+    ringlet.mark_step()
+    assert steps == [0, 1, 2]
     assert ringlet.xla_rendezvous(b"r%d" % rank) == [b"r%d" % r for r in range(world)]
     with pytest.raises(ValueError, match="Only global rendezvous"):
         ringlet.xla_rendezvous(b"", ordinals=[0])
@@ -1047,6 +1075,17 @@ def test_device_and_data_helpers() -> None:
     )
     out = arena.transform({"a": torch.ones(1), "b": [torch.ones(1)]})
     assert out["a"].item() == 2 and out["b"][0].item() == 3
+    # each tensor converted once (by identity), the same result wherever it appears
+    batches: list[int] = []
+    counting = ringlet.ToXlaTensorArena(
+        lambda ts: (batches.append(len(ts)), [x + 1 for x in ts])[1],
+        lambda v: isinstance(v, torch.Tensor),
+    )
+    one = torch.zeros(1)
+    got = counting.transform([one, (one, {"k": one}), torch.zeros(2)])
+    assert batches == [2]
+    assert got[0] is got[1][0] and got[0] is got[1][1]["k"]
+    assert got[0].tolist() == [1.0] and got[2].tolist() == [1.0, 1.0]
     bad = ringlet.ToXlaTensorArena(lambda ts: [], lambda v: isinstance(v, torch.Tensor))
     with pytest.raises(ValueError, match="returned 0 tensors for 1"):
         bad.transform([t])
@@ -1056,3 +1095,10 @@ def test_device_and_data_helpers() -> None:
     shared = r"is sharing a view with tensor ID \d+ \(torch.float32\[4\]\)"
     with pytest.raises(RuntimeError, match=shared):
         ringlet.check_view_sharing([w, w[:2]])
+    # dict keys are looked at too
+    with pytest.raises(RuntimeError, match=shared):
+        ringlet.check_view_sharing({w: "key", "v": w[1:]})
+    # only plain tensors (type(x) is torch.Tensor): parameters, tied or not, are skipped
+    p = nn.Parameter(torch.ones(3))
+    ringlet.check_view_sharing([p, p.data, {"tied": p}])
+    ringlet.check_view_sharing([*nn.Linear(2, 2).parameters(), w])

@@ -657,23 +657,29 @@ class RateTracker:
         """Records ``count`` more events."""
         self._count += count
 
+    def _update(self, now: float, rate: float) -> None:
+        """Folds the events counted so far into the totals at time ``now``."""
+        self._partial_count += self._count
+        self._count = 0.0
+        self._partial_time = now
+        self._partial_rate = rate
+
+    def _smooth(self, current_rate: float) -> float:
+        """``current_rate`` blended with the previous rate by the smoothing factor."""
+        if self._partial_rate is None:
+            return current_rate
+        return (1 - self._smooth_factor) * current_rate + (
+            self._smooth_factor * self._partial_rate
+        )
+
     def rate(self) -> float:
         """Returns the smoothed rate since the previous call."""
         now = time.time()
         delta = now - self._partial_time
         report = 0.0
         if delta > 0:
-            current = self._count / delta
-            if self._partial_rate is None:
-                report = current
-            else:
-                report = (1 - self._smooth_factor) * current + (
-                    self._smooth_factor * self._partial_rate
-                )
-            self._partial_count += self._count
-            self._count = 0.0
-            self._partial_time = now
-            self._partial_rate = report
+            report = self._smooth(self._count / delta)
+            self._update(now, report)
         return report
 
     def global_rate(self) -> float:
@@ -1244,8 +1250,10 @@ def add_step_closure(
 
 
 def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
-    """Ends a step: runs the closures queued with :func:`add_step_closure`.
-    Eager execution has no pending graph to cut, so nothing else happens.
+    """Ends a step: runs the closures queued with :func:`add_step_closure`
+    before this call, in order (a closure queued by one of them runs at the
+    next step, as in torch_xla). Eager execution has no pending graph to cut,
+    so nothing else happens.
 
     Args:
       wait (bool): Accepted for compatibility (collectives are synchronous).
@@ -1254,8 +1262,11 @@ def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
     Example:
       >>> ringlet.mark_step()
     """
-    while _step_closures:
-        closure = _step_closures.pop(0)
+    # As torch_xla: the closures queued so far run; those they queue wait for
+    # the next step (and if one raises, the rest of this step's are dropped).
+    closures = list(_step_closures)
+    _step_closures.clear()
+    for closure in closures:
         closure()
 
 
@@ -1652,29 +1663,52 @@ def get_memory_info(device: Optional[torch.device] = None) -> MemoryInfo:
     return {"bytes_used": total - available, "bytes_limit": total}
 
 
-def _rewrite(obj: Any, select: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
+def _rewrite(
+    obj: Any, select: Callable[[Any], bool], fn: Callable[[Any], Any],
+    memo: Optional[dict[int, Any]] = None,
+) -> Any:
     """``obj`` with every leaf for which ``select`` holds replaced by ``fn(leaf)``,
-    through lists, tuples (named ones too), dicts and sets."""
+    through lists, tuples (named ones too), dicts (keys and values) and sets.
+    As torch_xla's ``for_each_instance_rewrite``, an object met twice (by
+    identity) is rewritten once: a tensor listed twice maps to one result."""
+    memo = {} if memo is None else memo
+    key = id(obj)
+    if key in memo:
+        return memo[key]
     if select(obj):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _rewrite(v, select, fn)) for k, v in obj.items())
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_rewrite(v, select, fn) for v in obj))
-    if isinstance(obj, (list, tuple, set)):
-        return type(obj)(_rewrite(v, select, fn) for v in obj)
-    return obj
-
-
-def _leaves(obj: Any, select: Callable[[Any], bool]) -> Iterator[Any]:
-    if select(obj):
-        yield obj
+        result = fn(obj)
     elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaves(v, select)
+        result = type(obj)(
+            (_rewrite(k, select, fn, memo), _rewrite(v, select, fn, memo)) for k, v in obj.items()
+        )
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        result = type(obj)(*(_rewrite(v, select, fn, memo) for v in obj))
     elif isinstance(obj, (list, tuple, set)):
-        for v in obj:
-            yield from _leaves(v, select)
+        result = type(obj)(_rewrite(v, select, fn, memo) for v in obj)
+    else:
+        return obj
+    memo[key] = result
+    return result
+
+
+def _leaves(obj: Any, select: Callable[[Any], bool]) -> list[Any]:
+    """The leaves for which ``select`` holds, each object once (by identity),
+    in the order torch_xla's ``for_each_instance`` visits them (dict keys too)."""
+    seen: set[int] = set()
+    found: list[Any] = []
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if select(item):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(reversed([x for kv in item.items() for x in kv]))
+        elif isinstance(item, (list, tuple, set)):
+            stack.extend(reversed(list(item)))
+    return found
 
 
 class ToXlaTensorArena:
@@ -1704,14 +1738,14 @@ class ToXlaTensorArena:
     def transform(self, inputs: Any) -> Any:
         """Returns ``inputs`` with every selected tensor replaced by its
         converted counterpart."""
-        tensors = list(_leaves(inputs, self._select_fn))
+        tensors = _leaves(inputs, self._select_fn)
         converted = list(self._convert_fn(tensors)) if tensors else []
         if len(converted) != len(tensors):
             raise ValueError(
                 f"convert_fn returned {len(converted)} tensors for {len(tensors)} inputs"
             )
-        it = iter(converted)
-        return _rewrite(inputs, self._select_fn, lambda _: next(it))
+        by_id = {id(t): c for t, c in zip(tensors, converted)}
+        return _rewrite(inputs, self._select_fn, lambda t: by_id[id(t)])
 
 
 def send_cpu_data_to_device(
@@ -1751,7 +1785,9 @@ def check_view_sharing(obj: Any) -> None:
     one another), which a checkpoint would silently duplicate or break.
 
     Args:
-      obj: Any nesting of lists, tuples, dicts and sets holding tensors.
+      obj: Any nesting of lists, tuples, dicts (keys too) and sets holding
+        tensors. As in torch_xla, only plain ``torch.Tensor`` objects are
+        looked at (``nn.Parameter`` and other subclasses are skipped).
 
     Raises:
       RuntimeError: naming the two tensors (id, dtype and shape).
@@ -1768,7 +1804,9 @@ def check_view_sharing(obj: Any) -> None:
     def info(t: torch.Tensor) -> str:
         return f"{t.dtype}{list(t.size())}"
 
-    for t in _leaves(obj, lambda x: isinstance(x, torch.Tensor)):
+    # As torch_xla: plain tensors only (type(x) is torch.Tensor: parameters are
+    # not looked at), dict keys included.
+    for t in _leaves(obj, lambda x: type(x) is torch.Tensor):
         if id(t) in seen:
             continue
         seen.add(id(t))
