@@ -263,6 +263,35 @@ def test_local_chunk_offset_and_max_allowed_chunks() -> None:
     assert sh.max_allowed_chunks() == (2, 3)
 
 
+def test_local_chunk_offset_off_grid_is_an_assertion() -> None:
+    # Megatron asserts the offset is a multiple of the local size
+    sh = ShardedTensor("w", torch.zeros(3), torch.float32, (3,), (10,), (4,), None)
+    with pytest.raises(AssertionError, match="offset 4 is not a multiple of local size 3"):
+        sh.local_chunk_offset_in_global()
+    with pytest.raises(CheckpointingException):
+        sh.local_chunk_offset_in_global()
+
+
+def test_local_and_global_coordinates_of_a_flat_piece() -> None:
+    # local shape (2, 3) holds flat elements 2..4: (0, 2), (1, 0), (1, 1)
+    sh = ShardedTensor.from_rank_offsets_flat(
+        "w", torch.zeros(3), (2, 3), (0, 3, 4), (1, 1, 2), flattened_range=slice(2, 5),
+        prepend_axis_num=1,
+    )
+    local = sh.local_coordinates()
+    assert isinstance(local, tuple) and len(local) == 2
+    assert [c.tolist() for c in local] == [[0, 1, 1], [2, 0, 1]]
+    # global offset (3, 2, 0): the prepended axis gives its offset alone
+    assert sh.global_offset == (3, 2, 0)
+    glob = sh.global_coordinates()
+    assert glob[0] == 3
+    assert [c.tolist() for c in glob[1:]] == [[2, 3, 3], [2, 0, 1]]
+    whole = ShardedTensor.from_rank_offsets("w", torch.zeros(2, 3), (0, 1, 2))
+    for method in (whole.local_coordinates, whole.global_coordinates):
+        with pytest.raises(CheckpointingException, match="without `flattened_range`"):
+            method()
+
+
 def test_max_allowed_chunks_not_divisible() -> None:
     sh = _make(global_shape=(7, 3), global_offset=(2, 0), axis_fragmentations=(4, 1))
     with pytest.raises(

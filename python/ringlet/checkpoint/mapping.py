@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
+import numpy as np
 import torch
 
 from .core import CheckpointingException
@@ -125,6 +126,11 @@ class _MergeError(CheckpointingException, ValueError):
 class _FactoryArgumentError(CheckpointingException, ValueError):
     """A constructor argument the factory does not accept (also a ValueError,
     as Megatron raises)."""
+
+
+class _OffGridError(CheckpointingException, AssertionError):
+    """A piece whose offset is off its chunk grid (also an AssertionError, as
+    Megatron asserts it)."""
 
 @dataclass
 class ShardedTensor(ShardedBase):
@@ -330,6 +336,62 @@ class ShardedTensor(ShardedBase):
         )
         return head + tail
 
+    def local_coordinates(self) -> tuple[np.ndarray, ...]:
+        """Local indices of the elements a flattened piece holds.
+
+        Returns:
+            One array per local axis (as ``np.nonzero``): the coordinates,
+            within ``local_shape``, of the elements in ``flattened_range``.
+
+        Raises:
+            CheckpointingException: when the piece has no ``flattened_range``.
+
+        Example:
+            >>> import torch
+            >>> from ringlet.checkpoint import ShardedTensor
+            >>> sh = ShardedTensor.from_rank_offsets_flat("w", torch.zeros(3), (2, 3), (0, 1, 2),
+            ...                                           flattened_range=slice(2, 5))
+            >>> [c.tolist() for c in sh.local_coordinates()]
+            [[0, 1, 1], [2, 0, 1]]
+        """
+        if self.flattened_range is None:
+            raise CheckpointingException(
+                f"`local_coordinates` is undefined for {type(self).__name__} without "
+                "`flattened_range`"
+            )
+        mask = np.zeros(_prod(tuple(self.local_shape)), dtype=bool)
+        mask[self.flattened_range] = True
+        return tuple(np.nonzero(mask.reshape(tuple(self.local_shape))))
+
+    def global_coordinates(self) -> tuple[Any, ...]:
+        """Global indices of the elements a flattened piece holds.
+
+        Returns:
+            One entry per global axis: :meth:`local_coordinates` shifted by
+            ``global_offset``; a prepended axis gives its offset (an int).
+
+        Raises:
+            CheckpointingException: when the piece has no ``flattened_range``.
+
+        Example:
+            >>> import torch
+            >>> from ringlet.checkpoint import ShardedTensor
+            >>> sh = ShardedTensor.from_rank_offsets_flat("w", torch.zeros(3), (2, 3), (0, 1, 2),
+            ...                                           flattened_range=slice(2, 5))
+            >>> [c.tolist() for c in sh.global_coordinates()]
+            [[2, 3, 3], [2, 0, 1]]
+        """
+        if self.flattened_range is None:
+            raise CheckpointingException(
+                f"`global_coordinates` is undefined for {type(self).__name__} without "
+                "`flattened_range`"
+            )
+        local = self.local_coordinates()
+        return tuple(
+            c + off
+            for c, off in zip((0,) * self.prepend_axis_num + local, self.global_offset)
+        )
+
     def local_chunk_offset_in_global(self) -> tuple[int, ...]:
         """Position of this piece in the global grid of chunks.
 
@@ -338,6 +400,10 @@ class ShardedTensor(ShardedBase):
 
         Returns:
             The chunk index of this piece along every global axis.
+
+        Raises:
+            CheckpointingException: (also an AssertionError, as Megatron
+                asserts) when an offset is not a multiple of the local size.
 
         Example:
             >>> import torch
@@ -353,9 +419,7 @@ class ShardedTensor(ShardedBase):
                 chunks.append(0)
                 continue
             if off % size != 0:
-                raise CheckpointingException(
-                    f"{self}: offset {off} is not a multiple of local size {size}"
-                )
+                raise _OffGridError(f"{self}: offset {off} is not a multiple of local size {size}")
             chunks.append(off // size)
         return tuple(chunks)
 
