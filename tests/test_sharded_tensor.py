@@ -311,6 +311,13 @@ def api_checks(rank: int, world: int) -> int:
     assert torch.equal(wrapped.global_tensor, full)
     assert wrap_as_sharded_tensor(wrapped) is wrapped
     assert unwrap_sharded_tensor(plain) is plain
+    # as torch_xla's XLAShardedTensor(t): the wrapper's global tensor is t itself
+    assert wrapped.global_tensor is plain
+    assert unwrap_sharded_tensor(wrapped) is plain and clear_sharding(wrapped) is plain
+    with torch.no_grad():
+        wrapped.local_shards[0].data.add_(1)  # the wrapper shares plain's storage
+    assert torch.equal(plain, full + 1)
+    plain.sub_(1)
     assert wrap_if_sharded(plain) is plain and wrap_if_sharded(3) == 3
     assert clear_sharding(plain) is plain
     st = mark_sharding(full, mesh, ("data", "model"))

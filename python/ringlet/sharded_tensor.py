@@ -266,6 +266,8 @@ class XLAShardedTensor:
             )
         self._data: torch.Tensor | None = local_shard
         self._param: torch.nn.Parameter | None = None
+        # The tensor wrap_as_sharded_tensor wrapped (its global tensor, as in torch_xla).
+        self._wrapped: torch.Tensor | None = None
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -536,16 +538,20 @@ class XLAShardedTensor:
 
         The padded shards are all-gathered dimension by dimension, each along
         the mesh axes that split it (``groups=mesh.groups_along(axes)``), then
-        the padding is cut off. For a MANUAL tensor this is the local shard.
+        the padding is cut off. For a MANUAL tensor this is the local shard;
+        for a tensor made by :func:`wrap_as_sharded_tensor`, the wrapped tensor.
 
         Returns:
-            torch.Tensor: a new tensor of :attr:`global_shape`.
+            torch.Tensor: a new tensor of :attr:`global_shape` (the local shard
+            or the wrapped tensor in those two cases).
 
         Example:
             >>> st = mark_sharding(torch.arange(6.0).view(3, 2), mesh, ("x", None))
             >>> st.global_tensor
             tensor([[0., 1.], [2., 3.], [4., 5.]])
         """
+        if self._wrapped is not None and self._param is None:
+            return self._wrapped
         data = self._local()
         if self._manual:
             return data
@@ -980,7 +986,9 @@ def wrap_as_sharded_tensor(t: ShardableTensor) -> XLAShardedTensor:
     A sharded tensor is returned as is, a parameter sharded in place gives its
     sharded tensor, and any other tensor (the same on every rank) becomes a
     replicated sharded tensor over the global mesh (or a 1-D mesh of all ranks)
-    that shares its storage.
+    that shares its storage and whose ``global_tensor`` is ``t`` itself (so
+    :func:`unwrap_sharded_tensor` and :func:`clear_sharding` give ``t`` back,
+    as in torch_xla).
 
     Args:
         t (Union[torch.Tensor, XLAShardedTensor]): the tensor.
@@ -1005,7 +1013,9 @@ def wrap_as_sharded_tensor(t: ShardableTensor) -> XLAShardedTensor:
     mesh = get_global_mesh()
     if mesh is None or mesh.size() != _rank_world()[1]:
         mesh = get_1d_mesh()
-    return XLAShardedTensor(t.detach(), mesh, (None,) * t.dim(), tuple(t.shape))
+    out = XLAShardedTensor(t.detach(), mesh, (None,) * t.dim(), tuple(t.shape))
+    out._wrapped = t
+    return out
 
 
 def unwrap_sharded_tensor(t: ShardableTensor) -> torch.Tensor:
