@@ -447,6 +447,26 @@ def _dcp_deep(rank: int, world: int, path: str) -> list[torch.Tensor]:
     plain.load_state_dict(sd)
     assert all(torch.equal(a, b) for a, b in zip(_full(model.parameters()), plain.parameters()))
     out += _full(plain.parameters())
+    # FSDP1's sharded state dict (ShardedTensors, none local on some ranks
+    # for the 3-element bias) saved and loaded
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    def fsdp1(seed: int) -> FSDP:
+        return FSDP(_uneven_model(seed), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+                    device_id=torch.device("cpu"))
+
+    saved = fsdp1(0)
+    with FSDP.state_dict_type(saved, StateDictType.SHARDED_STATE_DICT):
+        dcp.save(saved.state_dict(), checkpoint_id=path + "-fsdp1")
+    loaded = fsdp1(4)
+    with FSDP.state_dict_type(loaded, StateDictType.SHARDED_STATE_DICT):
+        sd = loaded.state_dict()
+        dcp.load(sd, checkpoint_id=path + "-fsdp1")
+        loaded.load_state_dict(sd)
+    with FSDP.summon_full_params(loaded):
+        out += _full(loaded.parameters())
     # saved and loaded by a subgroup whose coordinator is not global rank 0
     sub = dist.new_group([1, 3])
     if rank in (1, 3):

@@ -1662,7 +1662,38 @@ _DONE = Work(None, [], 0.0)
 _DONE._finish(None)
 
 
+_sharded_device_done = False
+
+
+def _sharded_tensors_on_cpu() -> None:
+    """A ``ShardedTensor`` with no local shard names the CPU as its device
+    when its group is ringlet's, as torch's own op does for gloo's groups (it
+    asks CUDA for any other backend's: DCP's load of an FSDP1 sharded state
+    dict failed on a rank holding no part of a small parameter)."""
+    global _sharded_device_done
+    _sharded_device_done = True
+    try:
+        from torch.distributed._shard.sharded_tensor import _ops  # noqa: F401  (fills the table)
+        from torch.distributed._shard.sharded_tensor.api import _SHARDED_OPS
+    except ImportError:  # torch without the (deprecated) sharded tensors
+        return
+    key = torch.Tensor.device.__get__  # type: ignore[attr-defined]
+    torch_op = _SHARDED_OPS.get(key)
+    if torch_op is None:
+        return
+
+    def device(types: Any, args: Any = (), kwargs: Any = None, pg: Any = None) -> Any:
+        st = args[0] if args else None
+        if isinstance(pg, ProcessGroupRinglet) and not getattr(st, "_local_shards", True):
+            return torch.device("cpu")
+        return torch_op(types, args, kwargs, pg)
+
+    _SHARDED_OPS[key] = device
+
+
 def _create(opts: Any, pg_options: Any = None) -> ProcessGroupRinglet:
+    if not _sharded_device_done:
+        _sharded_tensors_on_cpu()
     return ProcessGroupRinglet(
         opts.store, opts.group_rank, opts.group_size, opts.timeout,
         list(opts.global_ranks_in_group) or None,
