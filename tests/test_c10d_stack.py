@@ -185,15 +185,19 @@ def _dcp(rank: int, world: int, path: str) -> list[torch.Tensor]:
         p.full_tensor().detach().clone() for p in model.parameters()]
 
 
+def _init(backend: str, rank: int, world: int, port: int) -> None:
+    import ringlet  # noqa: F401  (registers the backend)
+
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=timedelta(seconds=90),
+    )
+
+
 def _stack_job(rank: int, world: int, port: int, tmp: str) -> dict[str, list]:
     results: dict[str, dict[str, list[torch.Tensor]]] = {}
     for backend in ("ringlet", "gloo"):
-        import ringlet  # noqa: F401
-
-        dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-            timeout=timedelta(seconds=90),
-        )
+        _init(backend, rank, world, port)
         r = results[backend] = {}
         r["ddp"] = _ddp(rank)
         r["ddp_opts"] = _ddp(rank, bucket_cap_mb=0.001, find_unused_parameters=True,
@@ -622,12 +626,7 @@ def _autograd_collectives(rank: int, world: int) -> list[torch.Tensor]:
 def _deep_job(rank: int, world: int, port: int, tmp: str) -> str:
     results: dict[str, dict[str, list[torch.Tensor]]] = {}
     for backend in ("ringlet", "gloo"):
-        import ringlet  # noqa: F401
-
-        dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-            timeout=timedelta(seconds=90),
-        )
+        _init(backend, rank, world, port)
         r = results[backend] = {}
         r["dtensor"] = _dtensor_deep(rank, world)
         r["sequence_parallel"] = _sequence_parallel(rank, world)

@@ -336,6 +336,12 @@ class ShardedTensor(ShardedBase):
         )
         return head + tail
 
+    def _require_flattened(self, method: str) -> None:
+        if self.flattened_range is None:
+            raise CheckpointingException(
+                f"`{method}` is undefined for {type(self).__name__} without `flattened_range`"
+            )
+
     def local_coordinates(self) -> tuple[np.ndarray, ...]:
         """Local indices of the elements a flattened piece holds.
 
@@ -354,11 +360,7 @@ class ShardedTensor(ShardedBase):
             >>> [c.tolist() for c in sh.local_coordinates()]
             [[0, 1, 1], [2, 0, 1]]
         """
-        if self.flattened_range is None:
-            raise CheckpointingException(
-                f"`local_coordinates` is undefined for {type(self).__name__} without "
-                "`flattened_range`"
-            )
+        self._require_flattened("local_coordinates")
         mask = np.zeros(_prod(tuple(self.local_shape)), dtype=bool)
         mask[self.flattened_range] = True
         return tuple(np.nonzero(mask.reshape(tuple(self.local_shape))))
@@ -381,11 +383,7 @@ class ShardedTensor(ShardedBase):
             >>> [c.tolist() for c in sh.global_coordinates()]
             [[2, 3, 3], [2, 0, 1]]
         """
-        if self.flattened_range is None:
-            raise CheckpointingException(
-                f"`global_coordinates` is undefined for {type(self).__name__} without "
-                "`flattened_range`"
-            )
+        self._require_flattened("global_coordinates")
         local = self.local_coordinates()
         return tuple(
             c + off

@@ -142,12 +142,9 @@ impl Effective {
         owner: Option<Box<dyn Any + Send>>,
     ) -> Effective {
         Effective {
-            memory: Memory::Device(mem),
-            count,
-            dtype,
-            device: device.into(),
             mirror: Some(mirror),
             _owner: owner,
+            ..Effective::device(mem, count, dtype, device)
         }
     }
 

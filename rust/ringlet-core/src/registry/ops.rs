@@ -122,28 +122,14 @@ impl BucketOp for AllReduceOp {
         if words.len() < total.div_ceil(8) {
             words = vec![0u64; total.div_ceil(8)];
         }
-        let out = self.staged(&effs, &mut words, total, dtype);
+        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..total];
+        let out = self.through(&effs, stage, dtype);
         self.staging = words;
         out
     }
 }
 
 impl AllReduceOp {
-    /// Reduces the bucket's tensors through `words` (at least `total` bytes).
-    fn staged(
-        &mut self,
-        effs: &[Effective],
-        words: &mut [u64],
-        total: usize,
-        dtype: DType,
-    ) -> Result<()> {
-        self.through(
-            effs,
-            &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..total],
-            dtype,
-        )
-    }
-
     /// Copies the bucket's tensors, in order, into `stage` (their total
     /// size), reduces it, and copies the result back.
     fn through(&mut self, effs: &[Effective], stage: &mut [u8], dtype: DType) -> Result<()> {
@@ -184,13 +170,16 @@ impl AllReduceOp {
     }
 }
 
-/// The address and length of the tensors' host mirrors when every tensor has
-/// one and they lie back to back in order.
-fn contiguous_mirrors(effs: &[Effective]) -> Option<(usize, usize)> {
-    let start = effs.first()?.mirror?;
+/// The address and length of the memory `addr_of` gives for each tensor,
+/// when every tensor has some and they lie back to back in order.
+fn back_to_back(
+    effs: &[Effective],
+    addr_of: impl Fn(&Effective) -> Option<usize>,
+) -> Option<(usize, usize)> {
+    let start = addr_of(effs.first()?)?;
     let mut end = start;
     for e in effs {
-        if e.mirror? != end || !matches!(e.memory, Memory::Device(_)) {
+        if addr_of(e)? != end {
             return None;
         }
         end += e.nbytes();
@@ -198,18 +187,19 @@ fn contiguous_mirrors(effs: &[Effective]) -> Option<(usize, usize)> {
     Some((start, end - start))
 }
 
-/// The address and length of the tensors when all are in host memory and lie
-/// back to back in order (a flattened bucket).
+/// The tensors' memory when all are in host memory, back to back (a
+/// flattened bucket).
 fn contiguous_host(effs: &[Effective]) -> Option<(usize, usize)> {
-    let start = effs.first()?.host_addr()?;
-    let mut end = start;
-    for e in effs {
-        if e.host_addr()? != end {
-            return None;
-        }
-        end += e.nbytes();
-    }
-    Some((start, end - start))
+    back_to_back(effs, Effective::host_addr)
+}
+
+/// The tensors' host mirrors when all are device tensors with one, back to
+/// back.
+fn contiguous_mirrors(effs: &[Effective]) -> Option<(usize, usize)> {
+    back_to_back(effs, |e| match e.memory {
+        Memory::Device(_) => e.mirror,
+        Memory::Host(_) => None,
+    })
 }
 
 /// Multiplies every element of a floating-point buffer by `factor`.
