@@ -340,11 +340,17 @@ impl ShmGroup {
 
     /// The error that `peer`'s abort notice describes.
     fn notice_of(&self, peer: usize, op: &'static str) -> Error {
+        let (culprit, cause) = self.notice(peer);
+        Error::from_notice(self.rank, peer, op, culprit, cause)
+    }
+
+    /// The culprit and cause `peer`'s abort notice names.
+    fn notice(&self, peer: usize) -> (usize, Cause) {
         let c = self.seg.ctl(peer);
         let culprit = c.notice_culprit.load(Ordering::SeqCst) as usize;
         let cause =
             Cause::from_code(c.notice_cause.load(Ordering::SeqCst)).unwrap_or(Cause::Failed);
-        Error::from_notice(self.rank, peer, op, culprit, cause)
+        (culprit, cause)
     }
 
     /// Decides whom to blame after `late` did not arrive in time: a peer
@@ -386,16 +392,12 @@ impl ShmGroup {
             name,
             call,
             |x, until| loop {
-                let c = self.seg.ctl(x);
-                if c.state.load(Ordering::Acquire) == STATE_ABORTED {
-                    let culprit = c.notice_culprit.load(Ordering::SeqCst) as usize;
-                    let cause = Cause::from_code(c.notice_cause.load(Ordering::SeqCst))?;
-                    return Some((culprit, cause));
+                if self.peer_gone(x, call).is_some() {
+                    // gone with a notice (it gave up), or without one
+                    let aborted = self.seg.ctl(x).state.load(Ordering::Acquire) == STATE_ABORTED;
+                    return aborted.then(|| self.notice(x));
                 }
-                if c.state.load(Ordering::Acquire) == STATE_LEFT
-                    || self.liveness[x].is_some_and(sys::stream_closed)
-                    || Instant::now() >= until
-                {
+                if Instant::now() >= until {
                     return None;
                 }
                 let _ = sys::poll(&mut [], Duration::from_millis(5));

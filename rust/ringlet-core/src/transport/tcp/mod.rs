@@ -276,17 +276,18 @@ impl TcpMesh {
         self.members = members.to_vec();
     }
 
+    fn global(&self, r: usize) -> usize {
+        self.members.get(r).copied().unwrap_or(r)
+    }
+
     /// The global rank of every group rank.
     pub(crate) fn members(&self) -> Vec<usize> {
-        (0..self.size())
-            .map(|r| self.members.get(r).copied().unwrap_or(r))
-            .collect()
+        (0..self.size()).map(|r| self.global(r)).collect()
     }
 
     /// [`super::answer_blame`] for this rank.
     fn answer_blame(&self, e: Error, late: usize, op: &'static str, w: &Waiting) -> Error {
-        let me = self.members.get(self.rank).copied().unwrap_or(self.rank);
-        super::answer_blame(e, self.rank, me, late, op, w)
+        super::answer_blame(e, self.rank, self.global(self.rank), late, op, w)
     }
 
     /// [`super::follow_blame`] over this mesh's streams.
@@ -311,26 +312,37 @@ impl TcpMesh {
     /// Reads `peer`'s stream (this rank is failing: the bytes are discarded)
     /// until it ends or `deadline` passes; the notice it ended with.
     fn await_notice(&self, peer: usize, deadline: Instant) -> Option<(usize, Cause)> {
-        let fd = self.fd(peer)?;
+        match self.read_to_end(peer, deadline) {
+            Ok(false) => None,
+            Ok(true) | Err(_) => decode_notice(&self.tails[peer].get()),
+        }
+    }
+
+    /// Reads and discards `peer`'s stream, remembering its last bytes, until
+    /// it ends (true) or `deadline` passes (false).
+    fn read_to_end(&self, peer: usize, deadline: Instant) -> std::io::Result<bool> {
+        let Some(fd) = self.fd(peer) else {
+            return Ok(true);
+        };
         let mut scratch = vec![0u8; 64 << 10];
         loop {
             match sys::recv_now(fd, &mut scratch) {
-                Ok(0) => return decode_notice(&self.tails[peer].get()),
+                Ok(0) => return Ok(true),
                 Ok(n) => self.note_tail(peer, &scratch[..n]),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return None;
+                        return Ok(false);
                     }
                     let mut p = [libc::pollfd {
                         fd,
                         events: libc::POLLIN | libc::POLLRDHUP,
                         revents: 0,
                     }];
-                    let _ = sys::poll(&mut p, left.min(POLL_SLICE));
+                    let _ = sys::poll(&mut p, left.min(Duration::from_millis(5)));
                 }
-                Err(_) => return decode_notice(&self.tails[peer].get()),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -563,29 +575,12 @@ impl TcpMesh {
     /// Reads what is left of `peer`'s stream (we are failing anyway) up to
     /// its end, then explains the end.
     fn drain_error(&self, peer: usize, op: &'static str) -> Error {
-        let Some(fd) = self.fd(peer) else {
+        if self.fd(peer).is_none() {
             return Error::lost(self.rank, peer, op, Cause::Exited, "");
-        };
-        let mut scratch = vec![0u8; 64 << 10];
-        let deadline = Instant::now() + Duration::from_millis(500);
-        loop {
-            match sys::recv_now(fd, &mut scratch) {
-                Ok(0) => return self.closed_error(peer, op),
-                Ok(n) => self.note_tail(peer, &scratch[..n]),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return self.closed_error(peer, op);
-                    }
-                    let mut p = [libc::pollfd {
-                        fd,
-                        events: libc::POLLIN | libc::POLLRDHUP,
-                        revents: 0,
-                    }];
-                    let _ = sys::poll(&mut p, Duration::from_millis(5));
-                }
-                Err(e) => return self.io_lost(peer, op, e),
-            }
+        }
+        match self.read_to_end(peer, Instant::now() + Duration::from_millis(500)) {
+            Ok(_) => self.closed_error(peer, op),
+            Err(e) => self.io_lost(peer, op, e),
         }
     }
 
