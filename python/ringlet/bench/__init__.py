@@ -14,7 +14,10 @@ in the same processes, alternating, and prints Markdown tables of medians:
 * ``checkpoint``: sharded checkpoint save/load vs torch.save/torch.load;
 * ``rpc``: ringlet.rpc vs torch.distributed.rpc;
 * ``dtypes``: all_reduce GB/s by element type (float32 vs bfloat16/float16);
-* ``cuda``: the tensor API's bucket all-reduce of CUDA vs host gradients.
+* ``cuda``: the tensor API's bucket all-reduce of CUDA vs host gradients;
+* ``hosts``: every collective across hosts made of network namespaces (tbf
+  rate-limited links) vs gloo, with each op's link limit (needs root;
+  :mod:`ringlet.bench.netns` makes the hosts).
 
 ``--plot FILE`` (where a benchmark offers it) draws the table as a PNG.
 
@@ -22,6 +25,8 @@ Example:
   torchrun --nproc_per_node 2 -m ringlet.bench collectives --budget 2
   mpirun -np 2 python -m ringlet.bench collectives --against mpi
   torchrun --nproc_per_node 2 -m ringlet.bench c10d
+  sudo python -m ringlet.bench hosts --layout 2,2 --rate 2gbit
 """
 
-WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes", "cuda")
+WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes", "cuda",
+        "hosts")
