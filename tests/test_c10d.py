@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -799,3 +800,133 @@ def test_less_common_forms_match_gloo() -> None:
     several tensors and their argument errors: ringlet as gloo, 3 ranks."""
     out = launch(3, _less_common_job, free_port(), init=False, timeout=180)
     assert out == {r: "ok" for r in range(3)}
+
+
+# torch's own tests look for these in timeout errors (distributed_test.py)
+_TIMED_OUT = r" (Timed out|closed|timeout) "
+
+
+def _timeouts(rank: int, backend: str, store: object) -> dict:
+    """monitored_barrier and barrier timeouts on fresh groups of ``backend``
+    (gloo's groups are unusable after one): what each rank saw. Rank 1 stays
+    out of every barrier; ranks meet through the store between cases."""
+    import re
+    import time
+    import warnings
+
+    seen: dict = {}
+
+    def case(name: str, call: Any, limit: float) -> None:
+        t0 = time.monotonic()
+        try:
+            call()
+            seen[name] = ("passed",)
+        except Exception as e:  # the outcome is the point
+            took = time.monotonic() - t0
+            msg = str(e).split("Exception raised from")[0]
+            seen[name] = (isinstance(e, RuntimeError),
+                          [bool(re.search(p, msg)) for p in patterns[name]],
+                          took <= limit + 2.0, took >= min_time.get(name, 0.0))
+            seen[name + ":msg"] = msg
+
+    def meet(name: str) -> None:
+        store.set(f"{backend}/{name}/{rank}", "1")  # type: ignore[attr-defined]
+        store.wait([f"{backend}/{name}/{r}" for r in range(3)])  # type: ignore[attr-defined]
+
+    patterns = {
+        # test_monitored_barrier_gloo_rank_0_timeout
+        "zero": ["Rank 0 timed out in monitoredBarrier",
+                 "Rank 1 failed to pass monitoredBarrier in 0 ms"],
+        # test_monitored_barrier_gloo: the first missing rank; the others' wording
+        "first": ["Rank 1 failed to pass monitoredBarrier in 1000 ms"],
+        "others": ["Rank 2 successfully reached monitoredBarrier, but received errors while "
+                   "waiting for send/recv from rank 0"],
+        # test_monitored_barrier_wait_all_ranks
+        "all": ["Ranks 1, 2 failed to pass monitoredBarrier in 300 ms"],
+        "all_one": ["Ranks 1 failed to pass monitoredBarrier"],
+        "all_one_peer": ["Rank 2 successfully reached monitoredBarrier"],
+        # test_barrier_timeout_full_group: a group never connected, and one that was
+        "barrier": [_TIMED_OUT],
+        "barrier_connected": [_TIMED_OUT],
+    }
+    min_time = {"barrier": 0.9, "barrier_connected": 0.9}
+    if rank == 0:
+        g = dist.new_group(backend=backend)
+        case("zero", lambda: g.monitored_barrier(timedelta(seconds=0)), 0.0)
+    else:
+        dist.new_group(backend=backend)
+    meet("zero")
+    g = dist.new_group(backend=backend)
+    if rank == 0:
+        case("first", lambda: dist.monitored_barrier(g, timedelta(seconds=1)), 1.0)
+    elif rank == 2:
+        case("others", lambda: dist.monitored_barrier(g, timedelta(seconds=1)), 1.0)
+    meet("first")
+    g = dist.new_group(backend=backend)
+    if rank == 0:
+        case("all", lambda: dist.monitored_barrier(g, timedelta(seconds=0.3), True), 0.3)
+    meet("all")
+    g = dist.new_group(backend=backend)
+    if rank == 0:
+        case("all_one", lambda: dist.monitored_barrier(g, timedelta(seconds=0.3), True), 0.3)
+    elif rank == 2:
+        with warnings.catch_warnings(record=True) as w:  # a float: converted, warned
+            warnings.simplefilter("always")
+            case("all_one_peer", lambda: dist.monitored_barrier(
+                g, 0.3, wait_all_ranks=True), 0.3)  # type: ignore[arg-type]
+        seen["float_warned"] = any("timedelta" in str(x.message) for x in w)
+    meet("all_one")
+    # torch's own argument check: an int is not a timedelta
+    try:
+        dist.monitored_barrier(g, 5)  # type: ignore[arg-type]
+    except TypeError as e:
+        seen["int"] = str(e)
+    # a monitored barrier that every rank reaches passes, on every rank
+    g = dist.new_group(backend=backend)
+    case("everyone", lambda: dist.monitored_barrier(g, timedelta(seconds=30)), 30.0)
+    g = dist.new_group(backend=backend, timeout=timedelta(seconds=1))
+    if rank == 0:
+        case("barrier", lambda: dist.barrier(g), 1.0)
+    meet("barrier")
+    g = dist.new_group(backend=backend, timeout=timedelta(seconds=1))
+    dist.barrier(g)
+    meet("connected")
+    if rank == 0:
+        case("barrier_connected", lambda: dist.barrier(g), 1.0)
+    meet("barrier_connected")
+    return seen
+
+
+def _timeouts_job(rank: int, world: int, path: str) -> dict:
+    import ringlet  # noqa: F401
+
+    # file://, as torch's suite runs: a file store takes a zero wait as "no limit"
+    dist.init_process_group("ringlet", init_method=f"file://{path}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    store = dist.distributed_c10d._get_default_store()
+    return {"ringlet": _timeouts(rank, "ringlet", store),
+            "gloo": _timeouts(rank, "gloo", store)}
+
+
+def test_monitored_barrier_and_barrier_timeouts_match_gloo(tmp_path) -> None:
+    """monitored_barrier raises as gloo's does, with gloo's wording, and
+    never waits past its timeout (zero: at once); barrier timeouts say
+    " Timed out " as torch's tests expect; on a file store, 3 ranks."""
+    out = launch(3, _timeouts_job, str(tmp_path / "store"), init=False, timeout=180)
+    for rank in range(3):
+        mine, gloo = out[rank]["ringlet"], out[rank]["gloo"]
+        plain = {k: v for k, v in mine.items() if not k.endswith(":msg")}
+        theirs = {k: v for k, v in gloo.items() if not k.endswith(":msg")}
+        assert plain == theirs, (rank, mine, gloo)
+        for name, outcome in plain.items():
+            if name in ("int", "float_warned") or outcome == ("passed",):
+                continue
+            assert outcome[0] and all(outcome[1]) and outcome[2] and outcome[3], (
+                rank, name, outcome, mine.get(name + ":msg"))
+    assert out[0]["ringlet"]["zero"][0] is True
+    assert set(out[0]["ringlet"]) >= {"zero", "first", "all", "all_one", "barrier",
+                                      "barrier_connected"}
+    assert out[2]["ringlet"]["others"][0] is True and out[2]["ringlet"]["float_warned"]
+    # ringlet's own details after gloo's words: the culprit by its rank
+    assert "rank 1 did not arrive" in out[0]["ringlet"]["first:msg"]
+    assert "rank 1" in out[0]["ringlet"]["barrier_connected:msg"]

@@ -324,7 +324,7 @@ class Work(_CWork):
                 self._completing is None or self._completing.wait(limit)))
         if not finished:
             raise _DistErrors.convert(errors.CollectiveTimeoutError(
-                f"rank {runtime_rank()}: Work.wait timed out after "
+                f"rank {runtime_rank()}: Work.wait: Timed out after "
                 f"{limit:g}s; the operation has not finished"
             ))
         if self._exc is not None:
@@ -487,6 +487,27 @@ def _store_host(store: Any) -> Optional[str]:
             return host
         store = getattr(store, "underlying_store", None)
     return None
+
+
+def _store_wait(store: Any, key: str, deadline: float) -> tuple[bool, Optional[str]]:
+    """Whether ``key`` is set in ``store`` by ``deadline`` (a ``time.monotonic``
+    value), and the store's own error if it failed otherwise. A store takes
+    a zero wait as "no limit" (its default timeout, minutes): with less than
+    a millisecond left this only looks."""
+    import time
+
+    while True:
+        left = deadline - time.monotonic()
+        if left < 1e-3:
+            return bool(store.check([key])), None
+        try:
+            store.wait([key], timedelta(seconds=left))
+            return True, None
+        except Exception as e:  # timed out, or the store itself failed
+            if store.check([key]):
+                return True, None
+            if "timeout" not in str(e).lower() and time.monotonic() < deadline - 1e-3:
+                return False, f"{type(e).__name__}: {e}"
 
 
 def _split_into(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
@@ -1390,36 +1411,91 @@ class ProcessGroupRinglet(ProcessGroup):
         within ``timeout`` and raises naming the ranks that did not arrive
         (all of them with ``wait_all_ranks=True``, else the first); the other
         ranks wait for rank 0's release. Runs through the group's store, so a
-        hung rank cannot stall it."""
-        secs = timeout.total_seconds() if timeout is not None else self._timeout
+        hung rank cannot stall it. Every wait ends at one deadline,
+        ``timeout`` after the call (zero: rank 0 looks once, waits for
+        nobody); a rank 0 that fails posts its error, so the others raise at
+        once instead of at their own deadline. Messages are gloo's (group
+        ranks), followed by ringlet's (global ranks).
+
+        Args:
+          timeout (timedelta, optional): How long rank 0 waits for the
+            others, and they for its release. Default: the group's timeout.
+          wait_all_ranks (bool, optional): Rank 0 names every rank missing
+            at the deadline instead of the first. Default: ``False``.
+
+        Returns:
+          None.
+
+        Example:
+          >>> pg.monitored_barrier(timedelta(seconds=10), wait_all_ranks=True)
+        """
+        import time
+
+        secs = max(timeout.total_seconds(), 0.0) if timeout is not None else self._timeout
+        ms = int(secs * 1000)
+        deadline = time.monotonic() + secs
         self._barriers += 1
         key = f"{self._key}/monitored/{self._barriers}"
         store = self._store
         if self._rank != 0:
             store.set(f"{key}/{self._rank}", "1")
-            try:
-                store.wait([f"{key}/release"], timedelta(seconds=secs))
-            except Exception:
-                raise _DistErrors.convert(errors.CollectiveTimeoutError(
-                    f"{self._where()}: monitored_barrier: rank {self._members[0]} did not "
-                    f"release the barrier within {secs:g}s"
-                )) from None
-            return
-        missing = []
+            arrived, why = _store_wait(store, f"{key}/release", deadline)
+            if arrived:
+                verdict = bytes(store.get(f"{key}/release")).decode()
+                if verdict == "1":
+                    return
+                why = f"rank {self._members[0]} reported: {verdict}"
+            elif why is None:
+                why = (f"{self._where()}: monitored_barrier: Timed out after {secs:g}s waiting "
+                       f"for rank {self._members[0]} to release the barrier")
+            raise self._monitored_error(
+                f"Rank {self._rank} successfully reached monitoredBarrier, but received errors "
+                "while waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
+                f"rank.\n Original exception: \n{why}", self._members[0])
+        processed: list[int] = []
+        missing: list[int] = []
         for r in range(1, self._size):
-            try:
-                store.wait([f"{key}/{r}"], timedelta(seconds=secs if not missing else 0.001))
-            except Exception:
-                missing.append(self._members[r])
-                if not wait_all_ranks:
-                    break
+            k = f"{key}/{r}"
+            if not wait_all_ranks and time.monotonic() >= deadline and not store.check([k]):
+                # No time left before this rank (gloo checks before each wait).
+                done = (f"Successfully processed ranks: {', '.join(map(str, processed))}"
+                        if processed else "No ranks successfully processed in monitoredBarrier.")
+                why = f"Rank 0 timed out in monitoredBarrier after {ms} ms.\n{done}"
+                err = self._monitored_error(
+                    f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms\n Original "
+                    f"exception: \n{why}\n({self._where()}: monitored_barrier: rank "
+                    f"{self._members[r]} did not arrive)", self._members[r])
+                store.set(f"{key}/release", str(err))
+                raise err
+            arrived, why = _store_wait(store, k, deadline)
+            if arrived:
+                processed.append(r)
+                continue
+            if not wait_all_ranks:
+                why = why or (f"{self._where()}: monitored_barrier: Timed out after {secs:g}s "
+                              f"waiting for rank {self._members[r]}: rank {self._members[r]} did "
+                              "not arrive")
+                err = self._monitored_error(
+                    f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms\n Original "
+                    f"exception: \n{why}", self._members[r])
+                store.set(f"{key}/release", str(err))
+                raise err
+            missing.append(r)
         if missing:
-            who = ", ".join(str(r) for r in missing)
-            raise _DistErrors.convert(errors.CollectiveTimeoutError(
-                f"{self._where()}: monitored_barrier: Rank{'s' if len(missing) > 1 else ''} "
-                f"{who} failed to pass monitoredBarrier in {int(secs * 1000)} ms"
-            ))
+            err = self._monitored_error(
+                f"[Rank 0]: Ranks {', '.join(map(str, missing))} failed to pass monitoredBarrier "
+                f"in {ms} ms\n({self._where()}: monitored_barrier: Timed out after {secs:g}s "
+                f"waiting for ranks {[self._members[r] for r in missing]})",
+                self._members[missing[0]])
+            store.set(f"{key}/release", str(err))
+            raise err
         store.set(f"{key}/release", "1")
+
+    def _monitored_error(self, msg: str, culprit: int) -> BaseException:
+        err = errors.CollectiveTimeoutError(msg)
+        err.rank, err.culprit, err.cause = self._members[self._rank], culprit, "timeout"
+        err.op, err.group = "monitored_barrier", self._title()
+        return _DistErrors.convert(err)
 
     # -- point-to-point ------------------------------------------------------
 
@@ -1550,8 +1626,8 @@ class ProcessGroupRinglet(ProcessGroup):
 
             if not q.wait(q.submit(inner, True), self._timeout):
                 raise errors.CollectiveTimeoutError(
-                    f"{self._where()}: receiving from rank {self._members[src]} (any source) "
-                    f"timed out after {self._timeout:g}s"
+                    f"{self._where()}: receive from any source: Timed out after "
+                    f"{self._timeout:g}s receiving from rank {self._members[src]}"
                 )
             if failed:
                 raise failed[0]
@@ -1600,8 +1676,9 @@ class ProcessGroupRinglet(ProcessGroup):
                 raise self._destroyed()
             if time.monotonic() > deadline:
                 raise errors.CollectiveTimeoutError(
-                    f"{self._where()}: no rank sent a message with tag {tag} to rank "
-                    f"{self._members[me]} within {self._timeout:g}s (receive from any source)"
+                    f"{self._where()}: receive from any source: Timed out after "
+                    f"{self._timeout:g}s: no rank sent a message with tag {tag} to rank "
+                    f"{self._members[me]}"
                 )
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
@@ -1712,8 +1789,22 @@ def _monitored_barrier(
         dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
     )
     if isinstance(pg, ProcessGroupRinglet):
-        if isinstance(timeout, (int, float)):
+        # torch's own checks and defaults (which gloo's groups get)
+        if timeout is None:
+            timeout = dist.distributed_c10d.default_pg_timeout
+        elif isinstance(timeout, float):
+            import warnings
+
+            warnings.warn(
+                "Please specify timeout arg as a timedelta. "
+                f"Converting current value of {timeout} assuming it represents seconds",
+                stacklevel=2,
+            )
             timeout = timedelta(seconds=timeout)
+        if not isinstance(timeout, timedelta):
+            raise TypeError(
+                f"Expected timeout argument to be of type datetime.timedelta, got {timeout}"
+            )
         return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
     assert _original_monitored_barrier is not None
     return _original_monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)

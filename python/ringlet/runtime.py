@@ -192,10 +192,14 @@ def _connect(
         except Exception as e:  # the deadline, or the store's own error
             who = members[r] if members is not None else r
             mine = members[group_rank] if members is not None else group_rank
-            raise CollectiveTimeoutError(
-                f"rank {mine}: rank {who} did not join within {timeout:g}s "
-                f"(connecting {key!r}): {e}"
-            ) from None
+            # " Timed out " as torch's backends say it (its tests and log
+            # scrapers look for it), then ringlet's rank and culprit.
+            err = CollectiveTimeoutError(
+                f"rank {mine}: Timed out waiting for rank {who}: rank {who} did not join "
+                f"within {timeout:g}s (connecting {key!r}): {e}"
+            )
+            err.rank, err.culprit, err.cause = mine, who, "timeout"
+            raise err from None
 
     peers = [json.loads(fetch(f"{key}/peer/{r}", r)) for r in range(group_size)]
     token = int(fetch(f"{key}/token", 0))

@@ -312,7 +312,7 @@ impl fmt::Display for Error {
                 via: None,
             } => write!(
                 f,
-                "rank {rank}: {op}{} timed out after {:.1} s waiting for rank {peer}: \
+                "rank {rank}: {op}{}: Timed out after {:.1} s waiting for rank {peer}: \
                  rank {peer} {} (set RINGLET_TIMEOUT or init(timeout=...) to change the limit)",
                 on(group),
                 waited.as_secs_f64(),
@@ -327,7 +327,7 @@ impl fmt::Display for Error {
                 ..
             } => write!(
                 f,
-                "rank {rank}: {op}{} timed out waiting for rank {peer}: rank {peer} {}{} \
+                "rank {rank}: {op}{}: Timed out waiting for rank {peer}: rank {peer} {}{} \
                  (set RINGLET_TIMEOUT or init(timeout=...) to change the limit)",
                 on(group),
                 Cause::TimedOut.describe(),
@@ -365,3 +365,44 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// torch's tests and log scrapers look for " Timed out " in a timeout's
+    /// message; ringlet's rank, operation, group and culprit stay in it.
+    #[test]
+    fn timeout_messages_say_timed_out_and_name_the_culprit() {
+        let direct = Error::Timeout {
+            rank: 0,
+            peer: 3,
+            op: "all_reduce",
+            waited: Duration::from_millis(1500),
+            group: "the world (4 ranks)".into(),
+            via: None,
+        };
+        assert_eq!(
+            direct.to_string(),
+            "rank 0: all_reduce on the world (4 ranks): Timed out after 1.5 s waiting for \
+             rank 3: rank 3 did not arrive within the timeout (set RINGLET_TIMEOUT or \
+             init(timeout=...) to change the limit)"
+        );
+        let reported = Error::Timeout {
+            rank: 0,
+            peer: 3,
+            op: "barrier",
+            waited: Duration::ZERO,
+            group: String::new(),
+            via: Some(1),
+        };
+        let text = reported.to_string();
+        assert!(
+            text.starts_with(
+                "rank 0: barrier: Timed out waiting for rank 3: rank 3 did not arrive"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("(reported by rank 1)"), "{text}");
+    }
+}
