@@ -309,3 +309,153 @@ def test_two_trainers_share_a_parameter_server() -> None:
     r = launch(3, _ps_job, free_port(), init=False, timeout=150)[0]
     assert max(r["grad_diffs"]) < 1e-6, r
     assert r["final_diff"] < 1e-6, r
+
+
+# ------------------------------------ RPC results as graph nodes, vs torch
+
+
+def _ag(rpc_name: str) -> Any:
+    import importlib
+
+    return importlib.import_module("torch.distributed.autograd" if rpc_name.startswith("torch")
+                                   else "ringlet.rpc.autograd")
+
+
+def _loss_fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (torch.tanh(x @ w) ** 2).sum()
+
+
+def _mul(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+
+
+def _nested_loss(rpc_name: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    import importlib
+
+    rpc_mod = importlib.import_module(rpc_name)
+    # The result of a call to w2 goes back as it came: a received tensor.
+    return rpc_mod.rpc_sync("w2", _loss_fn, args=(x * 2, w))
+
+
+def _nested_sum(rpc_name: str, x: torch.Tensor) -> torch.Tensor:
+    import importlib
+
+    rpc_mod = importlib.import_module(rpc_name)
+    return rpc_mod.rpc_sync("w2", _mul, args=(x, 3.0)) + x.sin()
+
+
+def _arg_info(x: torch.Tensor) -> tuple[bool, bool, bool]:
+    return (x.requires_grad, x.is_leaf, "RecvRpcBackward" in x.grad_fn.name()
+            if x.grad_fn is not None else False)
+
+
+def _node(t: torch.Tensor) -> tuple[bool, bool, bool]:
+    return (t.requires_grad, t.is_leaf, "RecvRpcBackward" in t.grad_fn.name()
+            if t.grad_fn is not None else False)
+
+
+def _outcome_of(f: Any) -> Any:
+    try:
+        f()
+    except Exception as e:  # the error's type and torch's words
+        return (type(e).__name__, "Trying to backward through the graph a second time" in str(e))
+    return ("none", False)
+
+
+def _rpc_results_as_nodes(rank: int, world: int, rpc_name: str, port: int) -> dict[str, Any]:
+    import importlib
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rpc_mod = importlib.import_module(rpc_name)
+    ag = _ag(rpc_name)
+    rpc_mod.init_rpc(f"w{rank}", rank=rank, world_size=world)
+    out: dict[str, Any] = {}
+    if rank == 0:
+        g = torch.Generator().manual_seed(7)
+        x = torch.randn(2, 3, generator=g).requires_grad_()
+        w = torch.randn(3, 4, generator=g).requires_grad_()
+
+        def run(name: str, forward: Any, retain: bool = False, passes: int = 1) -> None:
+            with ag.context() as cid:
+                roots = forward()
+                out[name + ":root"] = [_node(r) for r in roots]
+                outcomes = []
+                for p in range(passes):
+                    keep = retain and p < passes - 1
+                    outcomes.append(_outcome_of(
+                        lambda keep=keep: ag.backward(cid, roots, retain_graph=keep)))
+                out[name + ":outcome"] = outcomes
+                grads = ag.get_gradients(cid)
+                out[name] = [grads[t].tolist() if t in grads else None for t in (x, w)]
+
+        # the RPC result itself is the root (rpc_sync, rpc_async, to_here)
+        run("direct", lambda: [rpc_mod.rpc_sync("w1", _loss_fn, args=(x, w))])
+        run("async", lambda: [rpc_mod.rpc_async("w1", _loss_fn, args=(x, w)).wait()])
+        run("to_here", lambda: [rpc_mod.remote("w1", _loss_fn, args=(x, w)).to_here()])
+        # views of it
+        run("view_index", lambda: [rpc_mod.rpc_sync("w1", _mul, args=(x, 2.0))[1, 2]])
+        run("view_flat", lambda: [rpc_mod.rpc_sync("w1", _mul, args=(x, 2.0)).view(-1)[4:5]])
+        run("view_t", lambda: [rpc_mod.rpc_sync("w1", _mul, args=(x @ w, 0.5)).t()[3, 1]])
+        # sums of several results, and several results as roots
+        run("sum", lambda: [rpc_mod.rpc_sync("w1", _loss_fn, args=(x, w))
+                            + rpc_mod.rpc_sync("w2", _loss_fn, args=(x * 3, w))
+                            + rpc_mod.rpc_async("w1", _loss_fn, args=(x, w * w)).wait()])
+        run("roots", lambda: [rpc_mod.rpc_sync("w1", _loss_fn, args=(x, w)),
+                              rpc_mod.rpc_sync("w2", _loss_fn, args=(x, 2 * w))])
+        # nested: w1's result is what w2 sent it; or w1 adds to it
+        run("nested", lambda: [rpc_mod.rpc_sync("w1", _nested_loss, args=(rpc_name, x, w))])
+        run("nested_sum", lambda: [rpc_mod.rpc_sync(
+            "w1", _nested_sum, args=(rpc_name, x)).pow(2).sum()])
+        # changed in place on the caller
+        run("in_place", lambda: [rpc_mod.rpc_sync("w1", _mul, args=(x, 2.0)).mul_(3).sum()])
+        # retain_graph: passes accumulate; after the last (not retained) one
+        # torch's graph on w1 is freed
+        run("retain", lambda: [rpc_mod.rpc_sync("w1", _loss_fn, args=(x, w))],
+            retain=True, passes=3)
+        run("retain_sum", lambda: [rpc_mod.rpc_sync("w1", _loss_fn, args=(x, w))
+                                   + rpc_mod.rpc_sync("w2", _mul, args=(x, 2.0)).sum()],
+            retain=True, passes=2)
+        run("no_retain", lambda: [rpc_mod.rpc_sync("w1", _loss_fn, args=(x, w))], passes=2)
+        # the callee's argument is a node too; outside a context, leaves
+        with ag.context():
+            out["callee_arg"] = rpc_mod.rpc_sync("w1", _arg_info, args=(x,))
+            with torch.no_grad():  # a builtin under no_grad carries no context
+                out["no_grad_builtin"] = _node(rpc_mod.rpc_sync("w1", torch.mul, args=(x, 2)))
+        out["no_context"] = _node(rpc_mod.rpc_sync("w1", _mul, args=(x, 2.0)))
+        out["no_context_arg"] = rpc_mod.rpc_sync("w1", _arg_info, args=(x,))
+    rpc_mod.shutdown()
+    return out
+
+
+def test_rpc_results_are_graph_nodes_as_in_torch() -> None:
+    """A tensor an RPC returns (requiring grad, in a context) is a node
+    whose backward sends its gradient to the sender: backward from it, its
+    views, sums of several, nested calls, retain_graph passes and in-place
+    changes give torch.distributed.rpc's gradients, in the same run."""
+    ref = launch(3, _rpc_results_as_nodes, "torch.distributed.rpc", free_port(), init=False,
+                 timeout=150)[0]
+    got = launch(3, _rpc_results_as_nodes, "ringlet.rpc", free_port(), init=False,
+                 timeout=150)[0]
+    assert set(got) == set(ref)
+    for key, want in ref.items():
+        if key.endswith(":root") or key.endswith(":outcome") or not isinstance(want, list):
+            assert got[key] == want, (key, got[key], want)
+            continue
+        for a, b in zip(got[key], want):
+            assert (a is None) == (b is None), (key, got[key], want)
+            if a is not None:
+                torch.testing.assert_close(torch.tensor(a), torch.tensor(b), msg=key)
+    # real values: the direct root's gradients are those of the local loss
+    g = torch.Generator().manual_seed(7)
+    x0 = torch.randn(2, 3, generator=g).requires_grad_()
+    w0 = torch.randn(3, 4, generator=g).requires_grad_()
+    _loss_fn(x0, w0).backward()
+    torch.testing.assert_close(torch.tensor(got["direct"][0]), x0.grad)
+    torch.testing.assert_close(torch.tensor(got["direct"][1]), w0.grad)
+    assert got["direct:root"] == [(True, False, True)]
+    assert got["retain:outcome"] == [("none", False)] * 3
+    torch.testing.assert_close(torch.tensor(got["retain"][0]), 3 * x0.grad)
+    assert got["no_retain:outcome"][1] == ("RuntimeError", True)
+    assert got["callee_arg"] == (True, False, True)
+    assert got["no_context"] == (True, True, False)

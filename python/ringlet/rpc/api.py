@@ -738,11 +738,17 @@ def _rebuild_tensor(i: int, size: int, dtype: torch.dtype, shape: tuple[int, ...
             out = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), offset, shape, stride)
         except RuntimeError as e:
             raise RuntimeError(f"malformed RPC message: {e}") from None
+    recv = getattr(_local, "recv", None)
     if is_param:
         out = torch.nn.Parameter(out, requires_grad=requires_grad)
     elif requires_grad:
+        if recv is not None and getattr(_local, "recv_ctx", None) is not None:
+            # In a distributed autograd context: a graph node whose backward
+            # hands the gradient to the sender (torch's RecvRpcBackward).
+            out, anchor = _autograd._recv_node(out)
+            recv.append(anchor)
+            return out
         out.requires_grad_(True)
-    recv = getattr(_local, "recv", None)
     if recv is not None and requires_grad:
         recv.append(out)  # distributed autograd's recv: a new leaf
     return out
@@ -805,17 +811,41 @@ def _loads(msg: Any) -> Any:
 
 
 def _loads_leaves(msg: Any) -> tuple[Any, list[torch.Tensor]]:
-    """Unpickles a message; also returns the received tensors that require
-    grad (distributed autograd's recv leaves)."""
+    """Unpickles a message; also returns the leaves of its received tensors
+    that require grad: in a distributed autograd context the input of each
+    tensor's recv node (whose gradient goes back to the sender), else the
+    tensors themselves."""
     prev = (getattr(_local, "msg", None), getattr(_local, "lens", None),
-            getattr(_local, "recv", None), getattr(_local, "bufs", None))
+            getattr(_local, "recv", None), getattr(_local, "bufs", None),
+            getattr(_local, "recv_ctx", None))
     leaves: list[torch.Tensor] = []
     _local.msg, _local.lens, _local.recv, _local.bufs = msg, msg.tensor_lens, leaves, {}
+    _local.recv_ctx = None
     try:
         return pickle.loads(msg.payload()), leaves
     finally:
-        _local.msg, _local.lens, _local.recv, _local.bufs = prev
+        (_local.msg, _local.lens, _local.recv, _local.bufs, _local.recv_ctx) = prev
         msg.release()
+
+
+class _CtxMark:
+    """Pickled before a message's payload in a distributed autograd
+    context: unpickling it first tells the tensors that follow that they are
+    the context's (so they arrive as graph nodes); it arrives as
+    ``(cid, key)``."""
+
+    __slots__ = ("cid", "key")
+
+    def __init__(self, cid: int, key: Any) -> None:
+        self.cid, self.key = cid, key
+
+    def __reduce__(self) -> Any:
+        return (_enter_ctx, (self.cid, self.key))
+
+
+def _enter_ctx(cid: int, key: Any) -> tuple[int, Any]:
+    _local.recv_ctx = (cid, key)
+    return cid, key
 
 
 class _CtxResult:
@@ -828,7 +858,11 @@ class _CtxResult:
         self.cid, self.key, self.value = cid, key, value
 
     def __reduce__(self) -> Any:
-        return (_CtxResult, (self.cid, self.key, self.value))
+        return (_ctx_result, (_CtxMark(self.cid, self.key), self.value))
+
+
+def _ctx_result(mark: tuple[int, Any], value: Any) -> _CtxResult:
+    return _CtxResult(mark[0], mark[1], value)
 
 
 def _tensor_bufs(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
@@ -863,7 +897,7 @@ def _prepare(to: WorkerInfo, body: Any, timeout: float) -> tuple[_State, float, 
     # owner's answer carries the value's graph.
     if cid is not None and body[0] in ("call", "remote", "fetch") and not _plain_builtin(body):
         key = (st.me.id, next(_ids))
-        body = ("ctx", cid, key, body)
+        body = ("ctx", _CtxMark(cid, key), body)  # type: ignore[arg-type]
         grad_out = []
     prev = (getattr(_local, "dest_name", None), getattr(_local, "keep", None))
     _local.dest_name, _local.keep = to.name, []
@@ -884,7 +918,8 @@ def _plain_builtin(body: Any) -> bool:
     call = body[3] if body[0] == "remote" else body
     if call[0] != "call" or torch.jit._builtins._find_builtin(call[1]) is None:
         return False
-    return not _any_requires_grad((call[2], call[3]))
+    # torch's check is autograd's: under no_grad nothing requires grad
+    return not torch.is_grad_enabled() or not _any_requires_grad((call[2], call[3]))
 
 
 def _any_requires_grad(v: Any) -> bool:
@@ -1231,7 +1266,7 @@ def _on_request(msg: Any) -> None:
             return
         cid = None
         if kind == "ctx":
-            _, cid, key, body = body
+            _, (cid, key), body = body
             kind = body[0]
             _autograd._record_recv(cid, reply.peer, key, leaves)
         try:

@@ -3,15 +3,19 @@
 Inside ``with context() as context_id:``, every RPC request and response
 that carries tensors requiring grad records a *send* on the sending worker
 (the original tensors, still attached to its graph) and a *recv* on the
-receiving worker (the received tensors, new leaves of its graph), both under
-the context id and a message key. ``backward(context_id, roots)`` runs the
-local graph from the roots to its leaves with ``torch.autograd.grad`` (so no
-``.grad`` changes); gradients of ordinary leaves accumulate in the context,
-gradients of recv leaves are sent to the worker that sent those tensors,
-which continues from its recorded send, and so on across every worker the
-forward pass touched (nested and fan-out alike; by linearity each message's
-gradient is propagated on its own and the results add up). ``backward``
-returns when every worker has finished.
+receiving worker, both under the context id and a message key. A received
+tensor that requires grad is a graph node, as torch's: its ``grad_fn`` is a
+``RecvRpcBackward`` whose input is a private leaf of the tensor's shape (no
+memory: all strides zero), the *recv leaf*; so an RPC result can itself be
+the root of ``backward``, be viewed, summed with others or changed in
+place. ``backward(context_id, roots)`` runs the local graph from the roots
+to its leaves with ``torch.autograd.grad`` (so no ``.grad`` changes);
+gradients of ordinary leaves accumulate in the context, gradients of recv
+leaves are sent to the worker that sent those tensors, which continues from
+its recorded send, and so on across every worker the forward pass touched
+(nested and fan-out alike; by linearity each message's gradient is
+propagated on its own and the results add up). ``backward`` returns when
+every worker has finished.
 
 Contexts are independent; leaving the ``with`` block frees the context on
 this worker and on every worker it exchanged messages with.
@@ -115,6 +119,32 @@ def _record_send(cid: int, key: Any, dest: int, tensors: list[torch.Tensor],
             ctx.known.add(dest)
         if tensors:
             ctx.sends[key] = tensors
+
+
+class RecvRpc(torch.autograd.Function):
+    """The node a received tensor hangs from (its ``grad_fn`` is a
+    ``RecvRpcBackward``, as torch's): the gradient flows to the node's input,
+    the message's recv leaf, whose gradient the backward pass sends to the
+    tensor's sender."""
+
+    @staticmethod
+    def forward(ctx: Any, leaf: torch.Tensor, holder: list[torch.Tensor]) -> torch.Tensor:
+        # The received tensor travels in a list: returned as an input it
+        # would come out as a view of itself (and refuse in-place changes).
+        return holder[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def _recv_node(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Makes the received tensor ``t`` (not requiring grad) a graph node;
+    returns it and its recv leaf."""
+    leaf = torch.empty_strided(t.shape, (0,) * t.dim(), dtype=t.dtype).requires_grad_()
+    with torch.enable_grad():  # torch attaches the node whatever the grad mode
+        out = RecvRpc.apply(leaf, [t])
+    return out, leaf
 
 
 def _record_recv(cid: int, sender: int, key: Any, leaves: list[torch.Tensor]) -> None:
