@@ -487,7 +487,9 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
 
     Returns:
       The result dict (``config``, ``host_layout``, ``cells``, ...) with
-      ``rate_bytes_per_s`` and ``layout`` added.
+      ``layout``, ``rate_bytes_per_s``, ``cpus``, ``loadavg`` (1-minute,
+      before and after) and ``others_cpu_share`` (the share of the CPUs that
+      processes other than the bench's used during the run) added.
 
     Example:
       >>> r = run_hosts([2, 2], "2gbit", ["all_reduce"], [1 << 20], 1.0)
@@ -508,6 +510,8 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
     base.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     base.setdefault("RINGLET_TIMEOUT", "300")
     ok = False
+    load = [os.getloadavg()[0]]
+    cpu0 = _cpu_snapshot()
     try:
         with netns.Hosts(len(layout), rate, tag=tag) as net:
             try:
@@ -528,6 +532,8 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
             finally:
                 _stop(procs)
         result = json.loads((out / "result.json").read_text())
+        load.append(os.getloadavg()[0])
+        others = _others_share(cpu0, _cpu_snapshot())
         ok = True
     finally:
         if keep is None and ok:
@@ -536,7 +542,36 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
             print(f"{PROGRESS} logs kept in {out}", file=sys.stderr)
     result["layout"] = layout
     result["rate_bytes_per_s"] = netns.parse_rate(rate)
+    result["loadavg"] = load  # 1-minute load average before and after
+    result["cpus"] = os.cpu_count()
+    result["others_cpu_share"] = others
     return result
+
+
+def _cpu_snapshot() -> Optional[tuple[float, float, float]]:
+    """(wall seconds, CPU seconds every process on the machine used, CPU
+    seconds this process and its waited-for descendants used)."""
+    import resource
+
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    mine = sum(getattr(resource.getrusage(w), a) for w in (resource.RUSAGE_SELF,
+               resource.RUSAGE_CHILDREN) for a in ("ru_utime", "ru_stime"))
+    return time.monotonic(), busy, mine
+
+
+def _others_share(a: Optional[tuple[float, float, float]],
+                  b: Optional[tuple[float, float, float]]) -> Optional[float]:
+    """The share of the machine's CPUs that other processes used between two
+    snapshots (0: the bench had the machine to itself)."""
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    other = (b[1] - a[1]) - (b[2] - a[2])
+    return max(0.0, other / ((b[0] - a[0]) * (os.cpu_count() or 1)))
 
 
 def _supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], deadline: float) -> None:
@@ -610,6 +645,11 @@ def tables(result: dict[str, Any]) -> str:
         f"{result.get('host_layout')}), {link}, {cfg['dtype']}; medians of per-sample times "
         f"(slowest rank); xla = the torch_xla-style call on ringlet",
     ]
+    if result.get("cpus"):
+        lines[0] += f"; {result['cpus']} CPUs"
+    if result.get("others_cpu_share") is not None:
+        lines[0] += (f", other processes used {result['others_cpu_share']:.0%} of them "
+                     f"during the run")
 
     def f(v: Optional[float], fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
@@ -749,6 +789,7 @@ def main() -> None:
         raise SystemExit(130) from None
     except (RuntimeError, TimeoutError) as e:
         raise SystemExit(str(e)) from None
+    result["command"] = " ".join(["python -m ringlet.bench hosts", *sys.argv[1:]])
     print(tables(result), flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
