@@ -930,3 +930,62 @@ def test_monitored_barrier_and_barrier_timeouts_match_gloo(tmp_path) -> None:
     # ringlet's own details after gloo's words: the culprit by its rank
     assert "rank 1 did not arrive" in out[0]["ringlet"]["first:msg"]
     assert "rank 1" in out[0]["ringlet"]["barrier_connected:msg"]
+
+
+def _hand_built_job(rank: int, world: int, port: int) -> dict:
+    """ProcessGroupRinglet built by hand, as torch's ProcessGroupGloo is,
+    beside a gloo group built the same way; no init_process_group."""
+    from ringlet.c10d import ProcessGroupRinglet
+
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60))
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world,
+                                 timedelta(seconds=60))
+    mine = ProcessGroupRinglet(dist.PrefixStore("mine", store), rank, world,
+                               timedelta(seconds=60))
+    got: dict = {"name": mine.getBackendName(), "size": mine.size(), "rank": mine.rank(),
+                 "initialized": dist.is_initialized()}
+    for key, pg in (("ringlet", mine), ("gloo", gloo)):
+        t = torch.arange(5.0) * (rank + 1)
+        pg.allreduce([t]).wait()
+        b = torch.full((3,), float(rank))
+        pg.broadcast([b], dist.BroadcastOptions()).wait()
+        outs = [torch.zeros(2) for _ in range(world)]
+        pg.allgather([outs], [torch.full((2,), float(rank))]).wait()
+        pg.barrier().wait()
+        got[key] = [t.tolist(), b.tolist(), [o.tolist() for o in outs]]
+    # a second group on the same prefix is a new group (the k-th with the k-th)
+    again = ProcessGroupRinglet(dist.PrefixStore("mine", store), rank, world)
+    t = torch.ones(2)
+    again.allreduce([t]).wait()
+    got["again"] = t.tolist()
+    errors = []
+    for args in ((object(), 0, 2), (store, 2, 2), (store, -1, 2), (store, 0, 0),
+                 (store, 0, 2, 5.0), (store, 0, 2, timedelta(seconds=-1))):
+        try:
+            ProcessGroupRinglet(*args)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as e:
+            errors.append((type(e).__name__, str(e)))
+    got["errors"] = errors
+    for pg in (mine, again):
+        pg.shutdown()
+    return got
+
+
+def test_process_group_built_by_hand_matches_gloo() -> None:
+    """The public constructor ProcessGroupRinglet(store, rank, size, timeout):
+    the same results as torch's ProcessGroupGloo built the same way, and
+    clear errors for arguments a group cannot be built from."""
+    out = launch(2, _hand_built_job, free_port(), init=False, timeout=120)
+    for rank in range(2):
+        r = out[rank]
+        assert r["ringlet"] == r["gloo"], r
+        assert r["ringlet"][0] == [float(i * 3) for i in range(5)]  # (1 + 2) * arange
+        assert r["ringlet"][1] == [0.0] * 3 and r["ringlet"][2] == [[0.0, 0.0], [1.0, 1.0]]
+        assert (r["name"], r["size"], r["rank"], r["initialized"]) == ("ringlet", 2, rank, False)
+        assert r["again"] == [2.0, 2.0]
+        kinds = [k for k, _ in r["errors"]]
+        assert kinds == ["TypeError", "ValueError", "ValueError", "ValueError", "TypeError",
+                         "ValueError"], r["errors"]
+        assert "needs a torch.distributed.Store" in r["errors"][0][1]
+        assert "rank 2 is outside [0, 2)" in r["errors"][1][1]
+        assert "must not be negative" in r["errors"][5][1]

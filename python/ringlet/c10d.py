@@ -526,21 +526,91 @@ def _reduce_name(op: Any, what: str) -> str:
     return name
 
 
+def _check_group_args(store: Any, rank: Any, size: Any, timeout: Any,
+                      global_ranks: Optional[list[int]]) -> None:
+    """Refuses arguments a group cannot be built from, naming the problem."""
+    if not isinstance(store, dist.Store):
+        raise TypeError(
+            f"ringlet: ProcessGroupRinglet needs a torch.distributed.Store (TCPStore, FileStore, "
+            f"HashStore, PrefixStore), got {type(store).__name__}"
+        )
+    for name, v in (("rank", rank), ("size", size)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"ringlet: ProcessGroupRinglet {name} must be an int, got {v!r}")
+    if size < 1:
+        raise ValueError(f"ringlet: ProcessGroupRinglet size must be at least 1, got {size}")
+    if not 0 <= rank < size:
+        raise ValueError(
+            f"ringlet: ProcessGroupRinglet rank {rank} is outside [0, {size}) for a group of "
+            f"{size}"
+        )
+    if not isinstance(timeout, timedelta):
+        raise TypeError(
+            f"ringlet: ProcessGroupRinglet timeout must be a datetime.timedelta, got {timeout!r}"
+        )
+    if timeout.total_seconds() < 0:
+        raise ValueError(
+            f"rank {rank}: ProcessGroupRinglet timeout must not be negative, got {timeout}"
+        )
+    if global_ranks and len(global_ranks) != size:
+        raise ValueError(
+            f"rank {rank}: ProcessGroupRinglet global_ranks {list(global_ranks)} must name "
+            f"{size} ranks (one per group rank)"
+        )
+
+
 _live: weakref.WeakSet[ProcessGroupRinglet] = weakref.WeakSet()
 
 
 class ProcessGroupRinglet(ProcessGroup):
     """A ``torch.distributed`` process group whose collectives run on
-    ringlet's engine. Created by ``init_process_group("ringlet")`` and
-    ``new_group(..., backend="ringlet")``; not meant to be built by hand.
+    ringlet's engine.
+
+    ``init_process_group("ringlet")`` and ``new_group(..., backend="ringlet")``
+    make these; it can also be built by hand, as torch's
+    ``ProcessGroupGloo(store, rank, size, timeout)``, by code that manages its
+    own groups (torchft's Manager, see :mod:`ringlet.torchft`; a group per
+    job phase). Every rank builds one with the same store (or stores with
+    the same prefix on one server) and its own rank; the group connects
+    through the store on its first operation, so ranks may build it at
+    different times within ``timeout``. Call its methods directly
+    (``pg.allreduce([t]).wait()``, ``pg.barrier().wait()``); torch's
+    ``dist.*`` functions take only groups that torch made. ``abort()``
+    gives it up at once, ``shutdown()`` after queued operations.
 
     Args:
-      store: The group's key-value store (a ``PrefixStore``).
-      rank (int): This process's rank in the group.
-      size (int): Number of ranks in the group.
-      timeout (timedelta): How long an operation may wait for a peer.
-      global_ranks (list of int, optional): Global rank of each group rank
-        (named in errors). Default: ``range(size)``.
+      store (torch.distributed.Store): A store all ranks of the group reach:
+        a ``TCPStore``, ``FileStore``, ``HashStore`` (one process) or a
+        ``PrefixStore`` over one. Each group built on one store prefix is
+        a new group (the k-th built by each rank connects with the k-th of
+        the others).
+      rank (int): This process's rank in the group, ``0 <= rank < size``.
+      size (int): Number of ranks in the group (at least 1).
+      timeout (timedelta, optional): How long an operation (and the first
+        connection) may wait for a peer. Default: 30 minutes, torch's
+        default for gloo.
+      global_ranks (list of int, optional): Rank of each group rank in a
+        larger job, named in errors. Default: ``range(size)``.
+
+    Raises:
+      TypeError: ``store`` is not a ``torch.distributed.Store`` or
+        ``timeout`` not a ``timedelta``.
+      ValueError: ``size`` below 1, ``rank`` outside ``[0, size)``, a
+        negative ``timeout``, or ``global_ranks`` of another length than
+        ``size``.
+
+    Example:
+      >>> from datetime import timedelta
+      >>> import torch, torch.distributed as dist
+      >>> from ringlet.c10d import ProcessGroupRinglet
+      >>> store = dist.TCPStore("127.0.0.1", 29500, 2, is_master=(rank == 0))
+      >>> pg = ProcessGroupRinglet(store, rank, 2, timedelta(seconds=60))
+      >>> t = torch.ones(4) * (rank + 1)
+      >>> pg.allreduce([t]).wait()                  # 1 + 2 on 2 ranks
+      True
+      >>> t
+      tensor([3., 3., 3., 3.])
+      >>> pg.shutdown()
     """
 
     def __init__(
@@ -548,9 +618,10 @@ class ProcessGroupRinglet(ProcessGroup):
         store: Any,
         rank: int,
         size: int,
-        timeout: timedelta,
+        timeout: timedelta = timedelta(minutes=30),
         global_ranks: Optional[list[int]] = None,
     ) -> None:
+        _check_group_args(store, rank, size, timeout, global_ranks)
         super().__init__(rank, size)
         self._store = store
         self._rank = rank
