@@ -699,8 +699,12 @@ def plot(result: dict[str, Any], path: str, metric: str = "time") -> None:
     if metric == "limit" and rate is None:
         raise ValueError("--plot-metric limit needs a rate (not --rate none)")
     ops = result["config"]["ops"]
-    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.8), squeeze=False)
-    for ax, op in zip(axes[0], ops):
+    cols = min(3, len(ops))
+    rows = -(-len(ops) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(ops):]:
+        ax.set_visible(False)
+    for ax, op in zip(axes.flat, ops):
         cells = [c for c in result["cells"] if c["op"] == op]
         xs = [c["bytes"] for c in cells]
         stats = [_cell_stats(c, layout, rate) for c in cells]
