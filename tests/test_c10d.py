@@ -618,8 +618,7 @@ def _two_host_job(rank: int, world: int, port: int) -> list:
     b = every[rank].clone()
     dist.broadcast(b, src=1)
     _same(b, every[1], "two-level broadcast", exact=True)
-    levels = pg._levels
-    layout = levels.layout if levels is not None else None
+    layout = pg._comm.host_layout()
     transport = pg._comm.transport
     dist.destroy_process_group()
     return [layout, transport]

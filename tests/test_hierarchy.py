@@ -20,12 +20,14 @@ COUNTS = [0, 5, 70001, 300007]
 
 
 def two_level(rank: int, world: int, expect_hier: bool) -> None:
-    hier = runtime._require().hier
-    assert (hier is not None) == expect_hier
-    if hier is not None:
-        local, cross = hier
-        assert local.transport.startswith("shm") and cross.transport == "tcp"
-        assert local.size == 2 and cross.size == world // 2
+    state = runtime._require()
+    assert (state.hier is not None) == expect_hier
+    if state.hier is not None:
+        layout = runtime.host_layout()
+        assert state.comm.host_layout() == layout
+        mine = next(g for g in layout if rank in g)
+        assert state.hier.size == len(mine) and state.comm.transport == "tcp"
+        assert state.hier.transport.startswith("shm") or len(mine) == 1
     for dtype in DTYPES:
         for op in OPS:
             if not supported(dtype, op):
@@ -81,6 +83,11 @@ def test_interleaved_hosts() -> None:
     launch(4, two_level, True, per_rank_env=hosts)
 
 
-def test_unequal_hosts_fall_back_to_flat_tcp() -> None:
+def test_unequal_hosts() -> None:
     hosts = [{"RINGLET_HOST_ID": h} for h in ("a", "a", "b")]
+    launch(3, two_level, True, per_rank_env=hosts)
+
+
+def test_one_rank_per_host_stays_flat() -> None:
+    hosts = [{"RINGLET_HOST_ID": h} for h in ("a", "b", "c")]
     launch(3, two_level, False, per_rank_env=hosts)

@@ -1,13 +1,15 @@
-"""Two real hosts: two network namespaces joined by a veth pair, one torchrun
-node in each (``--nnodes 2 --nproc_per_node 2``); every collective checked,
-then the link is cut mid-collective. Needs root (CI runs as root)."""
+"""Real hosts: network namespaces (a veth pair for two, a bridge for three),
+one torchrun node in each. Every collective is checked against plain torch on
+the two-level paths for even, uneven and three-host layouts; then, on two
+hosts, the link is cut in the middle of pipelined all-reduces and every rank
+must name a rank across the cut within the timeout. Needs root (CI runs as
+root); skipped with the reason otherwise."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from ringlet.bench import netns
 from test_errors import shm_entries
 
 from conftest import free_port
@@ -23,55 +26,24 @@ from conftest import free_port
 HERE = Path(__file__).parent
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
-def _can_make_namespaces() -> str | None:
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    if shutil.which("ip") is None:
-        return "the ip tool (iproute2) is not installed"
-    probe = f"rlprobe{os.getpid()}"
-    try:
-        _ip("netns", "add", probe)
-    except (subprocess.CalledProcessError, OSError) as e:
-        return f"ip netns add is not allowed here: {e}"
-    _ip("netns", "del", probe)
-    return None
-
-
-class TwoHosts:
-    """Namespaces ``a`` and ``b`` with a veth pair 10.231.<k>.1 <-> .2."""
-
-    def __init__(self) -> None:
-        k = os.getpid() % 250 + 1
-        self.a, self.b = f"rla{os.getpid()}", f"rlb{os.getpid()}"
-        self.va, self.vb = f"rlva{k}", f"rlvb{k}"
-        self.addr_a, self.addr_b = f"10.231.{k}.1", f"10.231.{k}.2"
-
-    def __enter__(self) -> TwoHosts:
-        try:
-            _ip("netns", "add", self.a)
-            _ip("netns", "add", self.b)
-            _ip("link", "add", self.va, "type", "veth", "peer", "name", self.vb)
-            _ip("link", "set", self.va, "netns", self.a)
-            _ip("link", "set", self.vb, "netns", self.b)
-            for ns, dev, addr in ((self.a, self.va, self.addr_a), (self.b, self.vb, self.addr_b)):
-                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-                _ip("-n", ns, "link", "set", dev, "up")
-                _ip("-n", ns, "link", "set", "lo", "up")
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def cut(self) -> None:
-        _ip("-n", self.a, "link", "set", self.va, "down")
-
-    def __exit__(self, *exc: object) -> None:
-        for ns in (self.a, self.b):  # deleting a namespace deletes its veth end
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+def _launch(net: netns.Hosts, layout: list[int], out: Path, env: dict[str, str]
+            ) -> list[subprocess.Popen]:
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    base = {k: v for k, v in os.environ.items() if k not in drop}
+    for h, lh in enumerate(layout):
+        e = {**base, **env, "RINGLET_HOST_ID": f"netns-host-{h}", "RINGLET_TEST_OUT": str(out),
+             "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen(
+            [*net.exec_argv(h), sys.executable, "-m", "torch.distributed.run",
+             "--nnodes", str(len(layout)), "--nproc_per_node", str(lh), "--node_rank", str(h),
+             "--master_addr", net.addrs[0], "--master_port", str(port),
+             str(HERE / "netns_job.py")],
+            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        ))
+    return procs
 
 
 def _wait_for(out: Path, names: list[str], deadline: float, procs: list) -> None:
@@ -85,50 +57,75 @@ def _wait_for(out: Path, names: list[str], deadline: float, procs: list) -> None
         time.sleep(0.05)  # polling for files, with a deadline
 
 
-def test_two_hosts_then_cut_link() -> None:
-    why = _can_make_namespaces()
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+        p.wait(timeout=30)
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+def _check_ok(ok: dict[int, dict], layout: list[int]) -> None:
+    hosts, at = [], 0
+    for lh in layout:
+        hosts.append(list(range(at, at + lh)))
+        at += lh
+    for r, o in ok.items():
+        assert o["layout"] == hosts and o["engine_layout"] == hosts, o
+        assert o["c10d_layout"] == hosts, o
+        assert o["transport"] == "tcp", o
+        mine = next(g for g in hosts if r in g)
+        for q in range(sum(layout)):
+            if q != r:
+                want = "shm" if q in mine else "tcp"
+                assert o["peers"][str(q)].startswith(want), (r, q, o)
+
+
+@pytest.mark.parametrize("layout", [[2, 2, 2], [1, 3]], ids=["3hosts-bridge", "uneven-1+3"])
+def test_collectives_across_namespace_hosts(layout: list[int]) -> None:
+    why = netns.why_not(rate=False)
+    if why:
+        pytest.skip(why)
+    before = shm_entries()
+    out = Path(tempfile.mkdtemp(prefix="ringlet-netns-"))
+    n = sum(layout)
+    with netns.Hosts(len(layout), rate=None, tag="rltest") as net:
+        procs = _launch(net, layout, out, {"RINGLET_TIMEOUT": "60"})
+        try:
+            _wait_for(out, [f"ok{r}.json" for r in range(n)], time.monotonic() + 300, procs)
+            for p in procs:
+                assert p.wait(timeout=120) == 0
+        finally:
+            _stop(procs)
+    ok = {r: json.loads((out / f"ok{r}.json").read_text()) for r in range(n)}
+    shutil.rmtree(out, ignore_errors=True)
+    _check_ok(ok, layout)
+    assert shm_entries() <= before
+    assert not [s for s in netns.list_namespaces() if s.startswith(f"rltest{os.getpid()}")]
+
+
+def test_two_hosts_then_cut_link_mid_pipeline() -> None:
+    why = netns.why_not(rate=False)
     if why:
         pytest.skip(why)
     timeout = 3.0
     before = shm_entries()
     out = Path(tempfile.mkdtemp(prefix="ringlet-netns-"))
-    procs: list[subprocess.Popen] = []
-    with TwoHosts() as net:
-        port = free_port()
+    with netns.Hosts(2, rate=None, tag="rltest") as net:
+        procs = _launch(net, [2, 2], out, {"RINGLET_TIMEOUT": str(timeout),
+                                           "RINGLET_TEST_CUT": "1"})
         try:
-            for node, (ns, host) in enumerate(((net.a, "netns-host-a"), (net.b, "netns-host-b"))):
-                env = {**os.environ, "RINGLET_HOST_ID": host, "RINGLET_TIMEOUT": str(timeout),
-                       "RINGLET_TEST_OUT": str(out), "OMP_NUM_THREADS": "1"}
-                procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run",
-                     "--nnodes", "2", "--nproc_per_node", "2", "--node_rank", str(node),
-                     "--master_addr", net.addr_a, "--master_port", str(port),
-                     str(HERE / "netns_job.py")],
-                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    start_new_session=True,
-                ))
-            _wait_for(out, [f"running{r}.json" for r in range(4)], time.monotonic() + 120, procs)
+            _wait_for(out, [f"running{r}.json" for r in range(4)], time.monotonic() + 300, procs)
             ok = {r: json.loads((out / f"ok{r}.json").read_text()) for r in range(4)}
-            net.cut()
+            net.cut(0)
             cut_at = time.monotonic()
             _wait_for(out, [f"cut{r}.json" for r in range(4)], cut_at + 4 * timeout + 10, procs)
             cut = {r: json.loads((out / f"cut{r}.json").read_text()) for r in range(4)}
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=30)
-                if p.stdout is not None:
-                    p.stdout.close()
+            _stop(procs)
     shutil.rmtree(out, ignore_errors=True)
-    for r, o in ok.items():
-        assert o["layout"] == [[0, 1], [2, 3]], o
-        assert o["transport"] == "tcp", o
-        mate = r ^ 1
-        assert o["peers"][str(mate)].startswith("shm"), o
-        assert all(o["peers"][str(q)] == "tcp" for q in range(4) if q // 2 != r // 2), o
-        assert {"_engine_all_reduce", "_engine_all_gather", "_engine_reduce_scatter",
-                "_engine_broadcast"} <= set(o["two_level"]), o
+    _check_ok(ok, [2, 2])
     for r, c in cut.items():
         across = {2, 3} if r < 2 else {0, 1}
         assert c["culprit"] in across, (r, c)

@@ -1,6 +1,6 @@
 """The one adapter every front end calls: tensor checks, dtype and reduce-type
-names, and engine calls with the GIL released (two-level on multi-host jobs,
-coalesced for many small tensors).
+names, and engine calls with the GIL released (coalesced for many small
+tensors; jobs that span hosts run in two levels inside the engine).
 
 The torch_xla-style API (``collectives.py``), ``torch.ops.ringlet``
 (``ops.py``), the ``torch.distributed`` backend (``c10d.py``), DDP and the
@@ -20,7 +20,6 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.autograd import profiler as _profiler
 
 from . import runtime
-from .errors import CollectiveMismatchError
 from .runtime import get_ordinal
 
 REDUCE_SUM = "sum"
@@ -154,44 +153,18 @@ def _apply_scale(t: torch.Tensor, scale: float) -> None:
         t.copy_(t.double().mul_(scale).to(t.dtype))
 
 
-# World all-reduces from this size up take the two-level path on multi-host jobs.
-_HIER_MIN_BYTES = 256 << 10
-
-
-class Levels:
-    """The two levels of a communicator that spans several hosts: ``local``
-    (this host's ranks, shared memory) and ``cross`` (this local index on
-    every host, TCP); ``layout`` lists each host's ranks (in the group's
-    ranks) and ``rank`` is this process's rank in the group."""
-
-    __slots__ = ("cross", "layout", "local", "rank")
-
-    def __init__(self, local: Any, cross: Any, layout: list[list[int]], rank: int) -> None:
-        self.local, self.cross, self.layout, self.rank = local, cross, layout, rank
-
-    def local_index(self) -> int:
-        return next(g.index(self.rank) for g in self.layout if self.rank in g)
-
-
-# Communicators other than ringlet.init()'s world that have two levels (the
-# c10d backend's groups), by id; registered and dropped by their owners.
-_LEVELS: dict[int, Levels] = {}
-
-# reduce types in the order the two-level agreement encodes them
-_ENGINE_OPS = (*_REDUCE_TYPES, "xor")
-
-
 _STRIDED = torch.strided
 
 
 def _world_all_reduce(t: Any, reduce_type: str) -> bool:
     """All-reduces a contiguous CPU tensor in place over the whole world with
     the fewest Python steps. Returns False, having done nothing, when
-    anything needs the general path: not initialised or a world of one, a
-    dtype, layout, reduce type or device the checks of that path must name,
-    or a two-level job. The hottest call of all: the checks of _world_plain
-    are written out here (each call and attribute read costs 30-100 ns, a
-    third of a 4 KiB call's Python time)."""
+    anything needs the general path: not initialised or a world of one, or a
+    dtype, layout, reduce type or device the checks of that path must name
+    (a job spanning hosts runs it in two levels inside the engine). The
+    hottest call of all: the checks of _world_plain are written out here
+    (each call and attribute read costs 30-100 ns, a third of a 4 KiB
+    call's Python time)."""
     state = runtime._state
     if (state is None or type(t) is not torch.Tensor or state.world_size == 1
             or reduce_type not in _REDUCE_TYPES):
@@ -199,10 +172,7 @@ def _world_all_reduce(t: Any, reduce_type: str) -> bool:
     name = _DTYPE_NAMES.get(t.dtype)
     if name is None or t.layout is not _STRIDED or not t.is_cpu or not t.is_contiguous():
         return False
-    nbytes = t.nbytes
-    if state.hier is not None and nbytes >= _HIER_MIN_BYTES:
-        return False
-    state.comm.all_reduce(t.data_ptr(), nbytes, name, reduce_type)
+    state.comm.all_reduce(t.data_ptr(), t.nbytes, name, reduce_type)
     return True
 
 
@@ -215,11 +185,8 @@ def _world_all_reduce_into(t: Any, reduce_type: str) -> Optional[torch.Tensor]:
     if plain is None or reduce_type not in _REDUCE_TYPES:
         return None
     state, name = plain
-    nbytes = t.nbytes
-    if state.hier is not None and nbytes >= _HIER_MIN_BYTES:
-        return None
     out = torch.empty_like(t)
-    state.comm.all_reduce_into(t.data_ptr(), out.data_ptr(), nbytes, name, reduce_type)
+    state.comm.all_reduce_into(t.data_ptr(), out.data_ptr(), t.nbytes, name, reduce_type)
     return out
 
 
@@ -239,8 +206,7 @@ def _world_plain(t: Any) -> Any:
     """``(world state, dtype name)`` when plain tensor ``t`` (see _plain) may
     take a world collective's fast path (initialised, more than one rank),
     else None: the checks of _plain and of the world in one call (each call
-    costs about 60 ns of a 3 us one). The caller still checks the two-level
-    size limit (``state.hier``)."""
+    costs about 60 ns of a 3 us one)."""
     state = runtime._state
     if state is None or type(t) is not torch.Tensor or state.world_size == 1:
         return None
@@ -279,8 +245,6 @@ def _world_all_gather(value: Any, output: Any) -> Optional[torch.Tensor]:
     state, name = plain
     nb = value.nbytes
     total = nb * state.world_size
-    if state.hier is not None and total >= _HIER_MIN_BYTES:
-        return None
     rows = value.shape[0] * state.world_size
     if output is None:
         output = torch.empty((rows, *value.shape[1:]), dtype=value.dtype)
@@ -302,7 +266,7 @@ def _world_reduce_scatter(
         return None
     state, name = plain
     nb = value.nbytes
-    if shards != state.world_size or (state.hier is not None and nb >= _HIER_MIN_BYTES):
+    if shards != state.world_size:
         return None
     rows = value.shape[0]
     if rows % shards:
@@ -327,140 +291,34 @@ def _world_broadcast(t: Any, root: Any) -> bool:
         return False
     state, name = plain
     nb = t.nbytes
-    if not 0 <= root < state.world_size or (state.hier is not None and nb >= _HIER_MIN_BYTES):
+    if not 0 <= root < state.world_size:
         return False
     state.comm.broadcast(t.data_ptr(), nb, name, root)
     return True
 
 
-def _two_level(comm: Any, nbytes: int) -> Optional[Levels]:
-    """The levels to use when a collective of ``nbytes`` on ``comm`` should
-    run in two (multi-host jobs, large messages); None otherwise."""
-    if nbytes < _HIER_MIN_BYTES:
-        return None
-    levels = _LEVELS.get(id(comm))
-    if levels is not None:
-        return levels
-    state = runtime._state  # ringlet.init()'s world
-    if state is None or state.hier is None or comm is not state.comm:
-        return None
-    return Levels(state.hier[0], state.hier[1], runtime.host_layout(), state.rank)
-
-
-def _agree(comm: Any, op: str, fields: list[int], what: str) -> None:
-    """One small world-wide check before a two-level collective, so ranks
-    that disagree raise together, whichever host they are on."""
-    probe = torch.tensor(fields + [-f for f in fields], dtype=torch.int64)
-    comm.all_reduce(probe.data_ptr(), _nbytes(probe), "int64", "max")
-    k = len(fields)
-    if probe[:k].tolist() != (-probe[k:]).tolist():
-        raise CollectiveMismatchError(
-            f"rank {_rank()}: ranks disagree about the {op} ({what} differ between ranks)"
-        )
-
-
 def _engine_all_reduce(comm: Any, t: torch.Tensor, name: str, reduce_type: str) -> None:
-    """One all-reduce of a contiguous tensor, in place: two-level (within
-    hosts, then across) for large world all-reduces on multi-host jobs."""
-    hier = _two_level(comm, _nbytes(t))
-    if hier is None:
-        comm.all_reduce(t.data_ptr(), _nbytes(t), name, reduce_type)
-        return
-    local, cross = hier.local, hier.cross
-    code = [t.numel(), list(_DTYPE_NAMES).index(t.dtype), _ENGINE_OPS.index(reduce_type)]
-    _agree(comm, "all_reduce", code, f"element count, dtype or reduce type; this rank has "
-           f"{t.numel()} x {name}, {reduce_type}")
-    # Reduce-scatter within the host, all-reduce each shard across hosts,
-    # all-gather within the host; the tail is padded to a multiple of the host size.
-    k = -(-t.numel() // local.size)
-    work = torch.zeros(k * local.size, dtype=t.dtype)
-    work[: t.numel()] = t.view(-1)
-    shard = torch.empty(k, dtype=t.dtype)
-    local.reduce_scatter(
-        work.data_ptr(), _nbytes(work), shard.data_ptr(), _nbytes(shard), name, reduce_type
-    )
-    cross.all_reduce(shard.data_ptr(), _nbytes(shard), name, reduce_type)
-    local.all_gather(shard.data_ptr(), _nbytes(shard), work.data_ptr(), _nbytes(work), name)
-    t.view(-1).copy_(work[: t.numel()])
+    """One all-reduce of a contiguous tensor, in place (a communicator that
+    spans hosts runs it in two levels inside the engine)."""
+    comm.all_reduce(t.data_ptr(), t.nbytes, name, reduce_type)
 
 
 def _engine_all_gather(comm: Any, inp: torch.Tensor, out: torch.Tensor, name: str) -> None:
-    """All-gathers contiguous ``inp`` into ``out`` (rank blocks in rank
-    order): two-level on multi-host jobs (within hosts over shared memory,
-    then whole host blocks across hosts), else one engine call."""
-    hier = _two_level(comm, _nbytes(out))
-    if hier is None:
-        comm.all_gather(inp.data_ptr(), _nbytes(inp), out.data_ptr(), _nbytes(out), name)
-        return
-    local, cross = hier.local, hier.cross
-    _agree(comm, "all_gather", [inp.numel(), list(_DTYPE_NAMES).index(inp.dtype)],
-           f"element count or dtype; this rank has {inp.numel()} x {name}")
-    block = torch.empty(local.size * inp.numel(), dtype=inp.dtype)
-    local.all_gather(inp.data_ptr(), _nbytes(inp), block.data_ptr(), _nbytes(block), name)
-    layout = hier.layout
-    flat = out.view(-1)
-    if [r for g in layout for r in g] == list(range(comm.size)):
-        # Hosts hold consecutive ranks: the host blocks are already in order.
-        cross.all_gather(block.data_ptr(), _nbytes(block), flat.data_ptr(), _nbytes(out), name)
-        return
-    hosts = torch.empty(len(layout), local.size, inp.numel(), dtype=inp.dtype)
-    cross.all_gather(block.data_ptr(), _nbytes(block), hosts.data_ptr(), _nbytes(hosts), name)
-    per_rank = flat.view(-1, inp.numel()) if inp.numel() else None
-    if per_rank is not None:
-        for h, g in enumerate(layout):
-            for i, r in enumerate(g):
-                per_rank[r].copy_(hosts[h, i])
+    """All-gathers contiguous ``inp`` into ``out`` (rank blocks in rank order)."""
+    comm.all_gather(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes, name)
 
 
 def _engine_reduce_scatter(
     comm: Any, inp: torch.Tensor, out: torch.Tensor, name: str, reduce_type: str
 ) -> None:
     """Reduce-scatters contiguous ``inp`` (one block per rank, in rank order)
-    into ``out``: two-level on multi-host jobs, else one engine call. In two
-    levels the blocks are regrouped by local index, reduce-scattered within
-    the host (local index i keeps the blocks of every host's i-th rank), then
-    reduce-scattered across hosts."""
-    hier = _two_level(comm, _nbytes(inp))
-    if hier is None:
-        comm.reduce_scatter(
-            inp.data_ptr(), _nbytes(inp), out.data_ptr(), _nbytes(out), name, reduce_type
-        )
-        return
-    local, cross = hier.local, hier.cross
-    code = [inp.numel(), list(_DTYPE_NAMES).index(inp.dtype), _ENGINE_OPS.index(reduce_type)]
-    _agree(comm, "reduce_scatter", code, f"element count, dtype or reduce type; this rank "
-           f"has {inp.numel()} x {name}, {reduce_type}")
-    layout = hier.layout
-    blocks = inp.view(comm.size, -1)
-    order = [layout[h][i] for i in range(local.size) for h in range(len(layout))]
-    regrouped = blocks[order].contiguous()  # local index major, host minor
-    mine = torch.empty(len(layout) * blocks.shape[1], dtype=inp.dtype)
-    local.reduce_scatter(
-        regrouped.data_ptr(), _nbytes(regrouped), mine.data_ptr(), _nbytes(mine), name,
-        reduce_type,
-    )
-    cross.reduce_scatter(
-        mine.data_ptr(), _nbytes(mine), out.data_ptr(), _nbytes(out), name, reduce_type
-    )
+    into ``out``."""
+    comm.reduce_scatter(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes, name, reduce_type)
 
 
 def _engine_broadcast(comm: Any, t: torch.Tensor, name: str, root: int) -> None:
-    """Broadcasts contiguous ``t`` from group rank ``root``: two-level on
-    multi-host jobs (across hosts among the root's local index, then within
-    every host), else one engine call."""
-    hier = _two_level(comm, _nbytes(t))
-    if hier is None:
-        comm.broadcast(t.data_ptr(), _nbytes(t), name, root)
-        return
-    local, cross = hier.local, hier.cross
-    _agree(comm, "broadcast", [t.numel(), list(_DTYPE_NAMES).index(t.dtype), root],
-           f"element count, dtype or root; this rank has {t.numel()} x {name} from {root}")
-    layout = hier.layout
-    root_host = next(h for h, g in enumerate(layout) if root in g)
-    root_local = layout[root_host].index(root)
-    if hier.local_index() == root_local:
-        cross.broadcast(t.data_ptr(), _nbytes(t), name, root_host)
-    local.broadcast(t.data_ptr(), _nbytes(t), name, root_local)
+    """Broadcasts contiguous ``t`` from group rank ``root``."""
+    comm.broadcast(t.data_ptr(), t.nbytes, name, root)
 
 
 def _reduce_inplace(comm: Any, tensors: list[torch.Tensor], reduce_type: str, scale: float) -> None:

@@ -46,10 +46,7 @@ from torch._C._distributed_c10d import Work as _CWork
 from . import _core, errors, runtime
 from ._engine import (
     _DTYPE_NAMES,
-    _HIER_MIN_BYTES,
-    _LEVELS,
     _STRIDED,
-    Levels,
     _check,
     _disjoint,
     _engine_all_gather,
@@ -636,7 +633,8 @@ class ProcessGroupRinglet(ProcessGroup):
         # together: a failure in one aborts the others, naming its origin.
         self._domain = runtime._new_domain()
         self._comm: Any = None
-        self._levels: Optional[Levels] = None
+        # The host level its communicator took over, on a group spanning hosts.
+        self._levels: Optional[Any] = None
         self._lock = threading.Lock()
         self._queue = _core.Progress("ringlet-pg")
         self._p2p: dict[tuple[int, int], tuple[Any, Any]] = {}
@@ -712,15 +710,15 @@ class ProcessGroupRinglet(ProcessGroup):
                             self._timeout, members=self._members, name=self._title(),
                             domain=self._domain,
                         )
-                        # A group spanning hosts: large collectives run in two
-                        # levels (shared memory within hosts, TCP across).
+                        # A group spanning hosts: collectives run in two levels
+                        # inside the engine (shared memory within hosts, TCP across).
                         hier = runtime._hierarchy(
                             self._store, self._key, self._rank, hosts, addr, self._timeout,
-                            self._domain,
+                            self._domain, members=self._members,
                         )
                         if hier is not None:
-                            self._levels = Levels(*hier, runtime._layout(hosts), self._rank)
-                            _LEVELS[id(comm)] = self._levels
+                            comm.attach_levels(hier, runtime._layout(hosts))
+                            self._levels = hier
                         self._comm = comm
                 comm = self._comm
         return comm
@@ -779,8 +777,7 @@ class ProcessGroupRinglet(ProcessGroup):
         engine call on the calling thread (synchronous, connected, one level
         for ``nbytes``), else None."""
         comm = self._comm
-        if (comm is None or opts is None or getattr(opts, "asyncOp", True)
-                or (self._levels is not None and nbytes >= _HIER_MIN_BYTES)):
+        if comm is None or opts is None or getattr(opts, "asyncOp", True):
             return None
         return comm
 
@@ -883,8 +880,7 @@ class ProcessGroupRinglet(ProcessGroup):
                 and len(tensors) == 1 and not opts.asyncOp):
             t = tensors[0]
             name = _DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
-            if (name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous()
-                    and (self._levels is None or t.nbytes < _HIER_MIN_BYTES)):
+            if name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous():
                 op = opts.reduceOp
                 red = "sum" if op == _SUM else _SIMPLE.get(op.op)
                 if red is not None and (red in _ANY_DTYPE or not t.is_floating_point()):
@@ -913,8 +909,7 @@ class ProcessGroupRinglet(ProcessGroup):
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
                     and (red in _ANY_DTYPE or not t.is_floating_point())):
-                # One engine call, or two levels for a large one on a group
-                # that spans hosts (decided in the job, after connecting).
+                # One engine call (in two levels on a group spanning hosts).
                 return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),
                                     [t], wake=_is_async(opts))
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
@@ -1783,11 +1778,7 @@ class ProcessGroupRinglet(ProcessGroup):
             if slot[0] is not None:
                 slot[0].close()
         if self._comm is not None:
-            _LEVELS.pop(id(self._comm), None)
             self._comm.close()
-        if self._levels is not None:
-            self._levels.local.close()
-            self._levels.cross.close()
         if self._any is not None:
             self._any.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import secrets
 import socket
@@ -53,9 +54,10 @@ class _State:
     addr: str = "127.0.0.1"
     groups: dict[tuple[tuple[int, ...], ...], _core.Communicator] = field(default_factory=dict)
     pairs: dict[int, _core.Communicator] = field(default_factory=dict)
-    # Multi-host jobs: (ranks of this host over shared memory, this local
-    # index's ranks across hosts over TCP); see _hierarchy.
-    hier: Optional[tuple[_core.Communicator, _core.Communicator]] = None
+    # Multi-host jobs: the host level the world communicator took over (the
+    # ranks of this host over shared memory; see _hierarchy). Kept for its
+    # transport and size: the engine runs it inside the world's collectives.
+    hier: Optional[_core.Communicator] = None
     # Rank 0 of an explicit init runs the key-value store in its own process.
     hosts_store: bool = False
     # Every communicator of this rank in this job fails together (a failure in
@@ -288,10 +290,11 @@ def init(
         )
         hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait), domain)
         if hier is not None:
-            # The two extra communicators connect through the store in pairs
-            # of groups that exclude some ranks: no rank may return (and, on
-            # rank 0 of an explicit init, take the store down with it) before
-            # every rank has connected both.
+            comm.attach_levels(hier, _layout(hosts))
+            # The host groups connect through the store in groups that exclude
+            # some ranks: no rank may return (and, on rank 0 of an explicit
+            # init, take the store down with it) before every rank has
+            # connected its own.
             comm.barrier()
         _state = _State(
             rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier,
@@ -309,34 +312,42 @@ def _layout(hosts: list[str]) -> list[list[int]]:
 
 def _hierarchy(
     store: Any, prefix: str, rank: int, hosts: list[str], addr: str, timeout: float,
-    domain: int = 0,
-) -> Optional[tuple[_core.Communicator, _core.Communicator]]:
-    """For a job spanning several hosts with the same number (> 1) of ranks
-    on each, connects two more communicators: the ranks of this host (shared
-    memory) and the ranks with this local index on every host (TCP). Large
-    world all-reduces then run in two levels, so each byte crosses the
-    network once per host instead of once per rank. Every rank takes the same
-    decision from the same host table. ``RINGLET_HIERARCHY=0`` turns it off."""
+    domain: int = 0, members: Optional[list[int]] = None,
+) -> Optional[_core.Communicator]:
+    """For a group spanning several hosts with more than one rank on some
+    host, connects the ranks of this rank's host (shared memory); the caller
+    hands it to the group's communicator (``attach_levels``), whose
+    collectives then run in two levels inside the engine: each byte crosses
+    a host's link once per host instead of once per rank, all of a host's
+    ranks carry their share, and the shared-memory steps overlap the network
+    (see rust/ringlet-core/src/hierarchy). Hosts may hold different numbers
+    of ranks. Every rank takes the same decision from the same host table.
+    ``members`` maps group ranks to the global ranks errors name.
+    ``RINGLET_HIERARCHY=0`` turns it off (flat TCP between all ranks)."""
     if os.environ.get("RINGLET_HIERARCHY", "1") in ("0", "false", "False"):
         return None
     if os.environ.get("RINGLET_TRANSPORT", "auto").lower() == "tcp":
         return None
     layout = _layout(hosts)
-    per_host = {len(g) for g in layout}
-    if len(layout) < 2 or len(per_host) != 1 or per_host == {1}:
+    channels = 1
+    for g in layout:
+        channels = channels * len(g) // math.gcd(channels, len(g))
+    if len(layout) < 2 or all(len(g) == 1 for g in layout) or channels > _MAX_CHANNELS:
         return None
     h = next(i for i, g in enumerate(layout) if rank in g)
     i = layout[h].index(rank)
+    glob = members if members is not None else list(range(len(hosts)))
     local, _ = _connect(
-        store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout, members=layout[h],
-        name=f"the ranks of host {h} {layout[h]}", domain=domain,
+        store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout,
+        members=[glob[r] for r in layout[h]],
+        name=f"the ranks of host {h} {[glob[r] for r in layout[h]]}", domain=domain,
     )
-    cross = [g[i] for g in layout]
-    cross_comm, _ = _connect(
-        store, f"{prefix}/hier/cross/{i}", h, len(layout), addr, timeout,
-        members=cross, name=f"the cross-host group {cross}", domain=domain,
-    )
-    return local, cross_comm
+    return local
+
+
+# Hosts whose rank counts have a least common multiple above this stay flat
+# (the engine cuts cross-host buffers into that many channels).
+_MAX_CHANNELS = 1024
 
 
 def shutdown() -> None:
@@ -359,7 +370,7 @@ def shutdown() -> None:
     if state is None:
         return
     _leave_store(state)
-    for comm in [*state.groups.values(), *state.pairs.values(), *(state.hier or ())]:
+    for comm in [*state.groups.values(), *state.pairs.values()]:
         comm.close()
     state.comm.close()
 
@@ -543,9 +554,9 @@ def transport() -> str:
 def peer_transports() -> dict[int, str]:
     """Returns, for every other rank, the transport that carries this rank's
     bytes to it on the fastest path: ``"shm+cma"`` / ``"shm"`` for ranks on
-    this host (on multi-host jobs: in the two-level collectives' host group;
-    flat collectives across hosts use TCP to every peer), ``"tcp"`` for ranks
-    on other hosts.
+    this host (on multi-host jobs: in the two-level collectives' host level;
+    point-to-point messages use TCP to every peer), ``"tcp"`` for ranks on
+    other hosts.
 
     Returns:
       dict[int, str]: peer rank -> transport; empty in a world of one.
@@ -556,7 +567,7 @@ def peer_transports() -> dict[int, str]:
     """
     state = _require()
     mine = next(g for g in _layout(state.hosts) if state.rank in g)
-    local = state.hier[0].transport if state.hier is not None else state.comm.transport
+    local = state.hier.transport if state.hier is not None else state.comm.transport
     return {
         r: (local if r in mine else state.comm.transport)
         for r in range(state.world_size)

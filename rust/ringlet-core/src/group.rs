@@ -4,6 +4,7 @@
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::fault::{self, Tripwire};
+use crate::hierarchy::Levels;
 use crate::transport::shm::ShmGroup;
 use crate::transport::tcp::TcpMesh;
 use crate::transport::{OpDesc, OpKind, WaitPolicy};
@@ -104,6 +105,8 @@ pub struct Communicator {
     wire: Arc<Tripwire>,
     /// Name of the operation running (or last run), for errors.
     op: &'static str,
+    /// The host level, on communicators that span hosts (see `hierarchy`).
+    pub(crate) levels: Option<Box<Levels>>,
 }
 
 impl Communicator {
@@ -120,6 +123,7 @@ impl Communicator {
             failure: None,
             wire,
             op: "init",
+            levels: None,
         }
     }
 
@@ -185,6 +189,7 @@ impl Communicator {
             failure: None,
             wire,
             op: "init",
+            levels: None,
         })
     }
 
@@ -240,11 +245,29 @@ impl Communicator {
         self.cfg.members.get(r).copied().unwrap_or(r)
     }
 
+    /// This rank's global rank.
+    pub(crate) fn global_rank(&self) -> usize {
+        self.global(self.rank)
+    }
+
+    /// `guarded` for work whose errors name global ranks already (the
+    /// two-level collectives convert each level's errors where they arise).
+    pub(crate) fn guarded_global<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<T> {
+        self.guarded_as(true, f)
+    }
+
     /// Runs one collective: refuses to start on a failed communicator; after
     /// it, fails if a peer gave up meanwhile; on a fatal error marks the
     /// communicator failed and trips it (and its domain), so peers learn the
     /// culprit. Errors leave with global ranks and the communicator's name.
     pub(crate) fn guarded<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.guarded_as(false, f)
+    }
+
+    fn guarded_as<T>(&mut self, global: bool, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         if self.failure.is_none() && self.wire.tripped() {
             self.failure = Some(self.wire.fault());
         }
@@ -261,12 +284,21 @@ impl Communicator {
                 Link::Local => Ok(()),
                 Link::Shm { shm, .. } => shm.check_peers(self.op),
                 Link::Tcp(mesh) => mesh.check_peers(self.op),
-            }?;
+            }
+            .map_err(|e| {
+                if global {
+                    e.globalize(&self.cfg.members, &self.cfg.name, self.op)
+                } else {
+                    e
+                }
+            })?;
             Ok(v)
         });
         out.map_err(|e| {
             let e = if self.wire.tripped() {
                 self.wire.fault()
+            } else if global {
+                e
             } else {
                 e.globalize(&self.cfg.members, &self.cfg.name, self.op)
             };

@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod error;
 pub mod fault;
 pub mod group;
+mod hierarchy;
 pub mod progress;
 pub mod reduce;
 pub mod registry;

@@ -419,6 +419,35 @@ impl Communicator {
         })
     }
 
+    /// Runs this communicator's collectives in two levels: `local` (this
+    /// host's ranks, shared memory; taken over, it cannot be used on its
+    /// own afterwards) and TCP across hosts; `layout` lists each host's
+    /// ranks (group ranks, in `local`'s rank order).
+    fn attach_levels(
+        &self,
+        py: Python<'_>,
+        local: &Communicator,
+        layout: Vec<Vec<usize>>,
+    ) -> PyResult<()> {
+        let rank = local.rank;
+        let level = run(py, || {
+            let mut guard = local.inner.lock().map_err(|_| core::Error::Aborted {
+                rank,
+                reason: "an earlier call panicked".into(),
+                origin: None,
+            })?;
+            guard.take().ok_or_else(|| {
+                core::Error::InvalidArgument("the local communicator is closed or attached".into())
+            })
+        })?;
+        self.with(py, move |c| c.attach_levels(level, layout))
+    }
+
+    /// Each host's ranks when the collectives run in two levels, else None.
+    fn host_layout(&self, py: Python<'_>) -> PyResult<Option<Vec<Vec<usize>>>> {
+        self.with(py, |c| Ok(c.host_layout().map(<[Vec<usize>]>::to_vec)))
+    }
+
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.with(py, |c| c.barrier())
     }

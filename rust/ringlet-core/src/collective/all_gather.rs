@@ -34,6 +34,9 @@ impl Communicator {
                 input.len()
             )));
         }
+        if self.levels.is_some() {
+            return self.all_gather_levels(input, output, dtype);
+        }
         self.guarded(|c| {
             let desc = c.next_desc(OpKind::AllGather, dtype, None, count, 0);
             match &mut c.link {

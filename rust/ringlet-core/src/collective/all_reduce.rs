@@ -77,6 +77,9 @@ impl Communicator {
     ) -> Result<()> {
         op.check(dtype)?;
         let count = super::elements(buf.len(), dtype, OP)?;
+        if self.levels.is_some() {
+            return self.all_reduce_levels(input, buf, dtype, op);
+        }
         self.guarded(|c| {
             let desc = c.next_desc(OpKind::AllReduce, dtype, Some(op), count, 0);
             if let (Some(src), Link::Shm { shm, .. }) = (input, &mut c.link) {

@@ -28,6 +28,9 @@ impl Communicator {
                 self.size()
             )));
         }
+        if self.levels.is_some() {
+            return self.broadcast_levels(buf, dtype, root);
+        }
         self.guarded(|c| {
             let desc = c.next_desc(OpKind::Broadcast, dtype, None, count, root);
             match &mut c.link {

@@ -44,6 +44,9 @@ impl Communicator {
                 output.len()
             )));
         }
+        if self.levels.is_some() {
+            return self.reduce_scatter_levels(input, output, dtype, op);
+        }
         self.guarded(|c| {
             let desc = c.next_desc(OpKind::ReduceScatter, dtype, Some(op), count, 0);
             match &mut c.link {

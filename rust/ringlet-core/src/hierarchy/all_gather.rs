@@ -1,0 +1,190 @@
+//! Two-level all-gather. The blocks of each host, in local-rank order, form
+//! the host's block; cut into channels, channel c of it belongs to the
+//! rank of that host that owns c, which is exactly the rank whose input it
+//! is. Per piece (the same element range of every rank's input):
+//! * pre: all-gather of this host's piece within the host (shared memory);
+//! * cross: this rank sends its own piece to the owners of its channels on
+//!   every other host and receives, from each other host, the channels of
+//!   that host's piece that it owns; each host's block crosses each link
+//!   once, carried by all of its ranks;
+//! * post: per other host, all-gather of what its ranks received within
+//!   the host.
+//!
+//! Host blocks land in a staging buffer and are copied to their ranks'
+//! places in the output (ranks of a host need not be consecutive).
+
+use super::{bytes, give, pipeline, round_up, take, LocalSide, Net, Plan, PIECE_MAX, PIECE_MIN};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::group::Communicator;
+use crate::transport::tcp::Xfer;
+use crate::transport::OpKind;
+
+impl Communicator {
+    /// `all_gather` on a communicator with levels.
+    pub(crate) fn all_gather_levels(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+    ) -> Result<()> {
+        let esz = dtype.size();
+        let count = input.len() / esz;
+        let p = self.size();
+        self.two_level(OpKind::AllGather, dtype, None, count, 0, |lv, net, stop| {
+            if count == 0 {
+                return Ok(());
+            }
+            let plan = &lv.plan;
+            let q = block_piece(count, p, esz, plan.channels);
+            let pieces = count.div_ceil(q);
+            let mut side = Side {
+                plan,
+                input,
+                output,
+                pool: &mut lv.pool,
+                dtype,
+                q,
+                count,
+            };
+            pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece| {
+                cross(plan, net, piece, input, esz, q)
+            })
+        })
+    }
+}
+
+/// Elements of each rank's block per piece, a multiple of `unit`, so that a
+/// piece of all `p` blocks is about a quarter of the whole, within the
+/// pipeline's piece bounds.
+pub(super) fn block_piece(count: usize, p: usize, esz: usize, unit: usize) -> usize {
+    let whole = (count * p * esz / 4).clamp(PIECE_MIN, PIECE_MAX);
+    round_up((whole / (p * esz)).max(1), unit)
+}
+
+/// Piece `k`: the range of every rank's block it covers (`start`, `real`
+/// elements, padded to `q`), this rank's padded input piece when the last
+/// piece is short, and what arrived from each other host (`recv`: host g's
+/// channels this rank owns, hosts in order).
+struct Piece {
+    start: usize,
+    real: usize,
+    pad: Option<Vec<u64>>,
+    recv: Vec<u64>,
+}
+
+struct Side<'a, 'p> {
+    plan: &'p Plan,
+    input: &'a [u8],
+    output: &'a mut [u8],
+    pool: &'p mut Vec<Vec<u64>>,
+    dtype: DType,
+    q: usize,
+    count: usize,
+}
+
+impl Side<'_, '_> {
+    /// Copies host `g`'s piece (`L_g` rank pieces of `q` elements, in
+    /// `stage`) to its ranks' blocks in the output.
+    fn scatter(&mut self, g: usize, stage: &[u8], start: usize, real: usize) {
+        let esz = self.dtype.size();
+        let (q, block) = (self.q * esz, self.count * esz);
+        for (j, &r) in self.plan.layout[g].iter().enumerate() {
+            let at = r * block + start * esz;
+            self.output[at..at + real * esz].copy_from_slice(&stage[j * q..j * q + real * esz]);
+        }
+    }
+}
+
+impl LocalSide for Side<'_, '_> {
+    type Piece = Piece;
+
+    fn pre(&mut self, local: &mut Communicator, k: usize) -> Result<Piece> {
+        let (esz, q, plan) = (self.dtype.size(), self.q, self.plan);
+        let start = k * q;
+        let real = q.min(self.count - start);
+        let input = self.input;
+        let mine = &input[start * esz..(start + real) * esz];
+        let pad = (real < q).then(|| {
+            let mut v = take(self.pool, q * esz);
+            let b = bytes(&mut v, q * esz);
+            b[..mine.len()].copy_from_slice(mine);
+            b[mine.len()..].fill(0);
+            v
+        });
+        let l = plan.local_size();
+        let widest = plan.layout.iter().map(Vec::len).max().unwrap_or(1);
+        let mut stage = take(self.pool, widest * q * esz);
+        let own = match &pad {
+            Some(v) => &bytemuck::cast_slice(v)[..q * esz],
+            None => mine,
+        };
+        local.all_gather(own, bytes(&mut stage, l * q * esz), self.dtype)?;
+        self.scatter(plan.host, bytemuck::cast_slice(&stage), start, real);
+        give(self.pool, [stage]);
+        let theirs: usize = (0..plan.hosts())
+            .filter(|&g| g != plan.host)
+            .map(|g| plan.width(g) * q / l)
+            .sum();
+        let recv = take(self.pool, theirs * esz);
+        Ok(Piece {
+            start,
+            real,
+            pad,
+            recv,
+        })
+    }
+
+    fn post(&mut self, local: &mut Communicator, _k: usize, p: Piece) -> Result<()> {
+        let (esz, q, plan) = (self.dtype.size(), self.q, self.plan);
+        let l = plan.local_size();
+        let widest = plan.layout.iter().map(Vec::len).max().unwrap_or(1);
+        let mut stage = take(self.pool, widest * q * esz);
+        let recv: &[u8] = bytemuck::cast_slice(&p.recv);
+        let mut at = 0;
+        for g in (0..plan.hosts()).filter(|&g| g != plan.host) {
+            let part = plan.width(g) * q / l * esz;
+            let whole = bytes(&mut stage, plan.width(g) * q * esz);
+            local.all_gather(&recv[at..at + part], whole, self.dtype)?;
+            at += part;
+            self.scatter(g, bytemuck::cast_slice(&stage), p.start, p.real);
+        }
+        give(self.pool, [stage, p.recv]);
+        give(self.pool, p.pad);
+        Ok(())
+    }
+}
+
+/// Sends this rank's piece to the owners of its channels on every other
+/// host; receives the channels it owns of every other host's piece.
+fn cross(
+    plan: &Plan,
+    net: &Net<'_>,
+    p: &mut Piece,
+    input: &[u8],
+    esz: usize,
+    q: usize,
+) -> Result<()> {
+    let (l, c) = (plan.local_size(), plan.channels);
+    let own: &[u8] = match &p.pad {
+        Some(v) => &bytemuck::cast_slice(v)[..q * esz],
+        None => &input[p.start * esz..(p.start + q) * esz],
+    };
+    let mut x = Vec::new();
+    let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut p.recv);
+    for g in (0..plan.hosts()).filter(|&g| g != plan.host) {
+        // Channels of this host's piece are l*q/c elements; of host g's, w*q/c.
+        for (r, peer) in plan.byte_runs(g, plan.mine(), l * q / c * esz) {
+            x.push(Xfer::send(peer, &own[r]));
+        }
+        let w = plan.width(g);
+        let (mut slot, tail) = rest.split_at_mut(w * q / l * esz);
+        rest = tail;
+        for (r, peer) in plan.byte_runs(g, plan.mine(), w * q / c * esz) {
+            let (head, tail) = slot.split_at_mut(r.len());
+            slot = tail;
+            x.push(Xfer::recv(peer, head));
+        }
+    }
+    net.transfer(&mut x)
+}

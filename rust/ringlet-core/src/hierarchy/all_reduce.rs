@@ -1,0 +1,241 @@
+//! Two-level all-reduce. Per piece: reduce-scatter within the host (shared
+//! memory) leaves each rank the host's partial sums of its channels; the
+//! owners of each channel on the different hosts all-reduce it over TCP;
+//! an all-gather within the host hands every rank the whole piece.
+//!
+//! Across hosts, for each run of channels with one owner per host: two
+//! hosts swap their partial sums and both reduce them in host order (one
+//! message each way); three or more reduce-scatter the run among its
+//! owners (part g to host g), reduce, and all-gather the parts back. Either
+//! way 2(H-1)/H of the buffer leaves each host, the least an all-reduce can
+//! send, spread over all of the host's ranks.
+
+use super::{bytes, chunks, give, piece_elems, pipeline, round_up, take, LocalSide, Net, Plan};
+use crate::collective::part_bytes;
+use crate::dtype::{DType, ReduceOp};
+use crate::error::Result;
+use crate::group::Communicator;
+use crate::reduce;
+use crate::transport::tcp::Xfer;
+use crate::transport::OpKind;
+
+impl Communicator {
+    /// `all_reduce` / `all_reduce_into` on a communicator with levels.
+    pub(crate) fn all_reduce_levels(
+        &mut self,
+        input: Option<&[u8]>,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let esz = dtype.size();
+        let count = buf.len() / esz;
+        self.two_level(
+            OpKind::AllReduce,
+            dtype,
+            Some(op),
+            count,
+            0,
+            |lv, net, stop| {
+                if let Some(src) = input {
+                    buf.copy_from_slice(src);
+                }
+                if count == 0 {
+                    return Ok(());
+                }
+                let plan = &lv.plan;
+                let pe = piece_elems(count, esz, plan.channels);
+                let pieces = count.div_ceil(pe);
+                let mut side = Side {
+                    chunks: chunks(buf, pe * esz),
+                    pool: &mut lv.pool,
+                    dtype,
+                    op,
+                    unit: plan.channels,
+                    width: plan.local_size(),
+                    hosts: plan.hosts(),
+                };
+                pipeline(&mut lv.local, &mut side, pieces, stop, |_, p| {
+                    cross(plan, net, p, dtype, op)
+                })
+            },
+        )
+    }
+}
+
+/// One piece on its way: `data` is the piece of the caller's buffer; the
+/// reduce-scatter leaves this rank's channels in `shard` (of `n` padded
+/// elements in all), `tmp` receives the peers' partial sums.
+struct Piece<'a> {
+    data: &'a mut [u8],
+    n: usize,
+    shard: Vec<u64>,
+    tmp: Vec<u64>,
+    stage: Option<Vec<u64>>,
+}
+
+struct Side<'a, 'p> {
+    chunks: Vec<Option<&'a mut [u8]>>,
+    pool: &'p mut Vec<Vec<u64>>,
+    dtype: DType,
+    op: ReduceOp,
+    unit: usize,
+    width: usize,
+    hosts: usize,
+}
+
+impl<'a> LocalSide for Side<'a, '_> {
+    type Piece = Piece<'a>;
+
+    fn pre(&mut self, local: &mut Communicator, k: usize) -> Result<Piece<'a>> {
+        let esz = self.dtype.size();
+        let data = self.chunks[k].take().unwrap_or_default();
+        let real = data.len() / esz;
+        // A short last piece is padded to whole channels in a staging copy
+        // (the padding is reduced along and dropped).
+        let n = round_up(real, self.unit);
+        let sb = n / self.width * esz;
+        let tmp_bytes = if self.hosts == 2 {
+            sb
+        } else {
+            self.hosts * (n / self.width).div_ceil(self.hosts) * esz
+        };
+        let mut shard = take(self.pool, sb);
+        let tmp = take(self.pool, tmp_bytes);
+        let stage = if n == real {
+            local.reduce_scatter(data, bytes(&mut shard, sb), self.dtype, self.op)?;
+            None
+        } else {
+            let mut st = take(self.pool, n * esz);
+            let s = bytes(&mut st, n * esz);
+            s[..data.len()].copy_from_slice(data);
+            s[data.len()..].fill(0);
+            local.reduce_scatter(s, bytes(&mut shard, sb), self.dtype, self.op)?;
+            Some(st)
+        };
+        Ok(Piece {
+            data,
+            n,
+            shard,
+            tmp,
+            stage,
+        })
+    }
+
+    fn post(&mut self, local: &mut Communicator, _k: usize, p: Piece<'a>) -> Result<()> {
+        let esz = self.dtype.size();
+        let Piece {
+            data,
+            n,
+            mut shard,
+            tmp,
+            stage,
+        } = p;
+        let sb = n / self.width * esz;
+        match stage {
+            None => local.all_gather(bytes(&mut shard, sb), data, self.dtype)?,
+            Some(mut st) => {
+                let s = bytes(&mut st, n * esz);
+                local.all_gather(bytes(&mut shard, sb), s, self.dtype)?;
+                data.copy_from_slice(&s[..data.len()]);
+                give(self.pool, [st]);
+            }
+        }
+        give(self.pool, [shard, tmp]);
+        Ok(())
+    }
+}
+
+/// All-reduces this rank's channels of one piece with their owners on the
+/// other hosts; the result is left in `p.shard`.
+fn cross(plan: &Plan, net: &Net<'_>, p: &mut Piece<'_>, dtype: DType, op: ReduceOp) -> Result<()> {
+    let esz = dtype.size();
+    let chan = p.n / plan.channels * esz;
+    let sb = p.n / plan.local_size() * esz;
+    let (h, hosts) = (plan.host, plan.hosts());
+    if hosts == 2 {
+        let shard = bytes(&mut p.shard, sb);
+        let tmp = bytes(&mut p.tmp, sb);
+        {
+            let runs = plan.byte_runs(1 - h, plan.mine(), chan);
+            let mut x = Vec::with_capacity(2 * runs.len());
+            let mut rest: &mut [u8] = tmp;
+            for (r, q) in runs {
+                let (head, tail) = rest.split_at_mut(r.len());
+                rest = tail;
+                x.push(Xfer::send(q, &shard[r]));
+                x.push(Xfer::recv(q, head));
+            }
+            net.transfer(&mut x)?;
+        }
+        // Host 0's partial first, on both hosts: the same bits everywhere.
+        if h == 0 {
+            reduce::reduce_inplace(dtype, op, shard, &[tmp])?;
+        } else {
+            reduce::reduce_inplace(dtype, op, tmp, &[shard])?;
+            std::mem::swap(&mut p.shard, &mut p.tmp);
+        }
+        return Ok(());
+    }
+    let shard = bytes(&mut p.shard, sb);
+    let first = plan.mine().start;
+    for (chans, owners) in plan.segments() {
+        let seg = &mut shard[(chans.start - first) * chan..(chans.end - first) * chan];
+        let e = seg.len() / esz;
+        let part = |g: usize| part_bytes(e, hosts, g, esz);
+        let mine = part(h);
+        // Reduce-scatter: part g of the run to host g's owner; this rank
+        // reduces part h of every host's partial sums, in host order.
+        let tmp = bytes(&mut p.tmp, hosts * mine.len());
+        let (slots, out) = tmp.split_at_mut((hosts - 1) * mine.len());
+        {
+            let mut x = Vec::with_capacity(2 * hosts);
+            let mut rest: &mut [u8] = slots;
+            for g in (0..hosts).filter(|&g| g != h) {
+                let (head, tail) = rest.split_at_mut(mine.len());
+                rest = tail;
+                x.push(Xfer::send(owners[g], &seg[part(g)]));
+                x.push(Xfer::recv(owners[g], head));
+            }
+            net.transfer(&mut x)?;
+        }
+        {
+            let mut theirs = slots.chunks(mine.len().max(1));
+            let srcs: Vec<&[u8]> = (0..hosts)
+                .map(|g| {
+                    if g == h {
+                        &seg[mine.clone()]
+                    } else {
+                        theirs.next().unwrap_or(&[])
+                    }
+                })
+                .collect();
+            reduce::reduce_into(dtype, op, &mut out[..mine.len()], &srcs)?;
+        }
+        seg[mine.clone()].copy_from_slice(&out[..mine.len()]);
+        // All-gather: this rank's reduced part to every owner, theirs back.
+        let mut parts: Vec<&mut [u8]> = Vec::with_capacity(hosts);
+        let mut rest: &mut [u8] = seg;
+        for g in 0..hosts {
+            let (head, tail) = rest.split_at_mut(part(g).len());
+            rest = tail;
+            parts.push(head);
+        }
+        let (before, rest) = parts.split_at_mut(h);
+        let Some((done, after)) = rest.split_first_mut() else {
+            continue;
+        };
+        let mut x = Vec::with_capacity(2 * hosts);
+        for (g, slot) in before.iter_mut().enumerate() {
+            x.push(Xfer::send(owners[g], done));
+            x.push(Xfer::recv(owners[g], slot));
+        }
+        for (j, slot) in after.iter_mut().enumerate() {
+            let g = h + 1 + j;
+            x.push(Xfer::send(owners[g], done));
+            x.push(Xfer::recv(owners[g], slot));
+        }
+        net.transfer(&mut x)?;
+    }
+    Ok(())
+}

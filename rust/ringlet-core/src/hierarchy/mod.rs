@@ -1,0 +1,476 @@
+//! Two-level collectives for a communicator whose ranks span several hosts.
+//!
+//! Such a communicator keeps its TCP mesh (a stream between every pair of
+//! ranks) and, attached with [`Communicator::attach_levels`], a
+//! shared-memory communicator of the ranks on its own host (`local`). Its
+//! collectives then move every byte across a host's link as few times as the
+//! collective allows, every rank of a host carries its share over its own
+//! streams, and the host-local work overlaps the network.
+//!
+//! **Channels.** A buffer that crosses hosts is cut into `C` equal channels,
+//! `C` the least common multiple of the hosts' rank counts. On host `h`
+//! (`L_h` ranks) local rank `i` owns channels `[i·C/L_h, (i+1)·C/L_h)`: an
+//! equal, contiguous share, so the host's shared-memory reduce-scatter
+//! produces (and its all-gather consumes) exactly the channels that rank
+//! carries across hosts. For each channel the owners on different hosts talk
+//! directly over their stream. When every host holds the same number of
+//! ranks, channel `i` is local rank `i` everywhere (the classic "same local
+//! index" cross groups); with uneven hosts (1 + 3 ranks) the rank of the
+//! small host owns three channels and talks to three peers at once.
+//!
+//! **Pipeline.** Large collectives run in pieces ([`pipeline`]): a helper
+//! thread does the shared-memory steps (reduce-scatter of piece k+1,
+//! all-gather of piece k-1) while the calling thread moves piece k over TCP,
+//! so the link does not wait for memory work, nor memory work for the link.
+//!
+//! **Errors.** Cross-host steps name global ranks; the local communicator's
+//! errors already do. Any failure inside a collective trips this rank's
+//! communicators at once, so the peers on both levels learn the culprit
+//! instead of waiting out their timeout.
+
+mod all_gather;
+mod all_reduce;
+mod broadcast;
+mod reduce_scatter;
+
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::fault::{self, Tripwire};
+use crate::group::{Communicator, Link};
+use crate::transport::tcp::{TcpMesh, Xfer};
+use crate::transport::{OpDesc, OpKind};
+use std::ops::Range;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+/// The host level of a communicator that spans hosts.
+pub(crate) struct Levels {
+    /// This host's ranks (shared memory; a world of one on a one-rank host).
+    pub(crate) local: Communicator,
+    plan: Plan,
+    /// Scratch buffers kept between calls (no page faults on hot paths).
+    pool: Vec<Vec<u64>>,
+}
+
+/// Where every rank sits and which channels it carries.
+pub(crate) struct Plan {
+    /// Group ranks of each host, in local-rank order.
+    layout: Vec<Vec<usize>>,
+    /// This rank's host and local index.
+    host: usize,
+    index: usize,
+    /// Channels per cross-host buffer: the lcm of the hosts' rank counts.
+    channels: usize,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Channels above this many would make pieces too fine (uneven hosts with
+/// co-prime rank counts); such layouts are refused and stay flat.
+const MAX_CHANNELS: usize = 1 << 10;
+
+impl Levels {
+    /// Checks that `layout` partitions the `size` ranks into hosts, that
+    /// `rank` is local rank `local.rank()` of its host and that `local` has
+    /// that host's size.
+    pub(crate) fn new(
+        rank: usize,
+        size: usize,
+        local: Communicator,
+        layout: Vec<Vec<usize>>,
+    ) -> Result<Levels> {
+        let bad = |why: String| Err(Error::InvalidArgument(format!("attach_levels: {why}")));
+        let mut seen = vec![false; size];
+        for r in layout.iter().flatten() {
+            if *r >= size || seen[*r] {
+                return bad(format!("rank {r} is out of range or on two hosts"));
+            }
+            seen[*r] = true;
+        }
+        if seen.iter().any(|s| !s) || layout.len() < 2 || layout.iter().any(Vec::is_empty) {
+            return bad(format!(
+                "the layout {layout:?} must put each of the {size} ranks on one of at least two hosts"
+            ));
+        }
+        let Some(host) = layout.iter().position(|g| g.contains(&rank)) else {
+            return bad(format!("rank {rank} is on no host"));
+        };
+        let index = layout[host].iter().position(|&r| r == rank).unwrap_or(0);
+        if local.size() != layout[host].len() || local.rank() != index {
+            return bad(format!(
+                "the local communicator is rank {} of {} but the layout puts rank {rank} at {index} of {}",
+                local.rank(),
+                local.size(),
+                layout[host].len()
+            ));
+        }
+        let channels = layout
+            .iter()
+            .map(Vec::len)
+            .fold(1, |c, l| c / gcd(c, l) * l);
+        if channels > MAX_CHANNELS {
+            return bad(format!(
+                "hosts of {:?} ranks need {channels} channels (at most {MAX_CHANNELS})",
+                layout.iter().map(Vec::len).collect::<Vec<_>>()
+            ));
+        }
+        Ok(Levels {
+            local,
+            plan: Plan {
+                layout,
+                host,
+                index,
+                channels,
+            },
+            pool: Vec::new(),
+        })
+    }
+}
+
+impl Plan {
+    fn hosts(&self) -> usize {
+        self.layout.len()
+    }
+
+    /// Ranks on host `h`.
+    fn width(&self, h: usize) -> usize {
+        self.layout[h].len()
+    }
+
+    /// Ranks on this host.
+    fn local_size(&self) -> usize {
+        self.width(self.host)
+    }
+
+    /// This rank's channels.
+    fn mine(&self) -> Range<usize> {
+        let per = self.channels / self.local_size();
+        self.index * per..(self.index + 1) * per
+    }
+
+    /// The group rank that owns channel `c` on host `h`.
+    fn owner(&self, h: usize, c: usize) -> usize {
+        self.layout[h][c / (self.channels / self.width(h))]
+    }
+
+    /// `chans` cut into runs with one owner on host `h`: `(channels, owner)`.
+    fn runs(&self, h: usize, chans: Range<usize>) -> Vec<(Range<usize>, usize)> {
+        let mut out: Vec<(Range<usize>, usize)> = Vec::new();
+        for c in chans {
+            let q = self.owner(h, c);
+            match out.last_mut() {
+                Some((r, o)) if *o == q => r.end = c + 1,
+                _ => out.push((c..c + 1, q)),
+            }
+        }
+        out
+    }
+
+    /// This rank's channels cut into runs with one owner on every host:
+    /// `(channels, owner on each host)`.
+    fn segments(&self) -> Vec<(Range<usize>, Vec<usize>)> {
+        let mut out: Vec<(Range<usize>, Vec<usize>)> = Vec::new();
+        for c in self.mine() {
+            let owners: Vec<usize> = (0..self.hosts()).map(|h| self.owner(h, c)).collect();
+            match out.last_mut() {
+                Some((r, o)) if *o == owners => r.end = c + 1,
+                _ => out.push((c..c + 1, owners)),
+            }
+        }
+        out
+    }
+
+    /// [`Plan::runs`] in bytes of a buffer that holds channels `chans` of
+    /// `chan` bytes each, from `chans.start` on: `(byte range, owner)`.
+    fn byte_runs(&self, h: usize, chans: Range<usize>, chan: usize) -> Vec<(Range<usize>, usize)> {
+        let first = chans.start;
+        self.runs(h, chans)
+            .into_iter()
+            .map(|(r, q)| ((r.start - first) * chan..(r.end - first) * chan, q))
+            .collect()
+    }
+}
+
+fn take(pool: &mut Vec<Vec<u64>>, bytes: usize) -> Vec<u64> {
+    let words = bytes.div_ceil(8);
+    match pool.iter().position(|v| v.len() >= words) {
+        Some(i) => pool.swap_remove(i),
+        None => vec![0u64; words],
+    }
+}
+
+/// Returns scratch buffers to the pool (at most a few are kept).
+fn give(pool: &mut Vec<Vec<u64>>, bufs: impl IntoIterator<Item = Vec<u64>>) {
+    for b in bufs {
+        if pool.len() < 16 && !b.is_empty() {
+            pool.push(b);
+        }
+    }
+}
+
+/// The first `len` bytes of a scratch buffer.
+fn bytes(v: &mut [u64], len: usize) -> &mut [u8] {
+    &mut bytemuck::cast_slice_mut(v)[..len]
+}
+
+/// `n` rounded up to a multiple of `m`.
+fn round_up(n: usize, m: usize) -> usize {
+    n.div_ceil(m) * m
+}
+
+/// Elements per piece of a pipelined collective moving `total` elements of
+/// `esz` bytes: a multiple of `unit` elements, about a quarter of the whole
+/// between `PIECE_MIN` and `PIECE_MAX` bytes, so a large collective has
+/// enough pieces to overlap and a small one runs in one.
+fn piece_elems(total: usize, esz: usize, unit: usize) -> usize {
+    let bytes = (total * esz / 4).clamp(PIECE_MIN, PIECE_MAX);
+    round_up((bytes / esz).max(1), unit)
+}
+
+/// Smallest pipeline piece: below it the per-piece steps cost more than the
+/// overlap saves.
+const PIECE_MIN: usize = 256 << 10;
+/// Largest pipeline piece: pieces of every rank in flight stay cache-sized.
+const PIECE_MAX: usize = 2 << 20;
+/// Pieces the shared-memory side may run ahead of the network.
+const DEPTH: usize = 2;
+
+/// The cross-host side of a collective: the world's TCP mesh, with errors
+/// turned into global ranks as they leave it.
+pub(crate) struct Net<'a> {
+    mesh: &'a TcpMesh,
+    timeout: Duration,
+    members: &'a [usize],
+    name: &'a str,
+    op: &'static str,
+}
+
+impl Net<'_> {
+    /// Moves every transfer to completion.
+    fn transfer(&self, x: &mut [Xfer<'_>]) -> Result<()> {
+        self.mesh
+            .transfer(x, self.op, self.timeout)
+            .map_err(|e| self.global(e))
+    }
+
+    /// Every rank checks every rank's descriptor (one exchange over the mesh).
+    fn agree(&self, desc: &OpDesc) -> Result<()> {
+        self.mesh
+            .agree(desc, self.timeout)
+            .map_err(|e| self.global(e))
+    }
+
+    fn global(&self, e: Error) -> Error {
+        if self.mesh.wire().tripped() {
+            return self.mesh.wire().fault();
+        }
+        e.globalize(self.members, self.name, self.op)
+    }
+}
+
+/// Trips this rank's communicators (both levels and the domain) with `e` the
+/// moment a collective fails, so every peer stops waiting for this rank and
+/// learns the culprit.
+pub(crate) struct Stop {
+    wires: Vec<Arc<Tripwire>>,
+    domain: u64,
+    me: usize,
+}
+
+impl Stop {
+    fn now(&self, e: &Error) {
+        if *e == stopped() {
+            return;
+        }
+        let (culprit, cause) = e.origin(self.me).unwrap_or((self.me, crate::Cause::Failed));
+        for w in &self.wires {
+            w.trip(e.clone(), culprit, cause);
+        }
+        fault::trip_domain(self.domain, e, culprit, cause);
+    }
+}
+
+/// The shared-memory half of a pipelined collective: `pre` makes piece `k`
+/// ready for the network (e.g. reduces it within the host), `post` finishes
+/// it after the network (e.g. all-gathers it within the host). Both run on
+/// one thread, in an order every rank of the host follows.
+pub(crate) trait LocalSide: Send {
+    type Piece: Send;
+    fn pre(&mut self, local: &mut Communicator, k: usize) -> Result<Self::Piece>;
+    fn post(&mut self, local: &mut Communicator, k: usize, piece: Self::Piece) -> Result<()>;
+}
+
+/// Why a pipeline half stopped early: the other half failed (its error is
+/// the one reported).
+fn stopped() -> Error {
+    Error::Aborted {
+        rank: 0,
+        reason: "the other half of a two-level collective stopped".into(),
+        origin: None,
+    }
+}
+
+/// Runs `pieces` pieces through `side.pre`, `cross` and `side.post`. One
+/// piece runs on the calling thread; more run the shared-memory side on a
+/// helper thread up to `DEPTH` pieces ahead of `cross`, which runs here (the
+/// TCP mesh stays on the thread that owns it). The shared-memory steps run
+/// in the same order on every rank of a host: pre 0..=DEPTH, then post k and
+/// pre k+DEPTH+1 alternately, then the remaining posts.
+fn pipeline<S: LocalSide>(
+    local: &mut Communicator,
+    side: &mut S,
+    pieces: usize,
+    stop: &Stop,
+    mut cross: impl FnMut(usize, &mut S::Piece) -> Result<()>,
+) -> Result<()> {
+    if pieces <= 1 {
+        let mut run = || -> Result<()> {
+            for k in 0..pieces {
+                let mut p = side.pre(local, k)?;
+                cross(k, &mut p)?;
+                side.post(local, k, p)?;
+            }
+            Ok(())
+        };
+        return run().inspect_err(|e| stop.now(e));
+    }
+    let (to_net, from_local) = mpsc::channel::<(usize, S::Piece)>();
+    let (to_local, from_net) = mpsc::channel::<(usize, S::Piece)>();
+    std::thread::scope(|s| {
+        let worker = s.spawn(move || -> Result<()> {
+            let mut run = || -> Result<()> {
+                let mut inflight = 0;
+                let mut next = 0;
+                while next < pieces || inflight > 0 {
+                    if next < pieces && inflight <= DEPTH {
+                        let p = side.pre(local, next)?;
+                        to_net.send((next, p)).map_err(|_| stopped())?;
+                        next += 1;
+                        inflight += 1;
+                    } else {
+                        let (k, p) = from_net.recv().map_err(|_| stopped())?;
+                        side.post(local, k, p)?;
+                        inflight -= 1;
+                    }
+                }
+                Ok(())
+            };
+            run().inspect_err(|e| stop.now(e))
+        });
+        let mut net = || -> Result<()> {
+            for _ in 0..pieces {
+                let (k, mut p) = from_local.recv().map_err(|_| stopped())?;
+                cross(k, &mut p)?;
+                to_local.send((k, p)).map_err(|_| stopped())?;
+            }
+            Ok(())
+        };
+        let net = net();
+        if let Err(e) = &net {
+            stop.now(e);
+        }
+        drop(from_local);
+        drop(to_local);
+        let here = worker.join().unwrap_or_else(|_| {
+            let e = Error::Io {
+                context: "two-level collective".into(),
+                message: "the shared-memory helper thread panicked".into(),
+            };
+            stop.now(&e);
+            Err(e)
+        });
+        match (net, here) {
+            (Err(e), Err(l)) if e == stopped() => Err(l),
+            (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+            (Ok(()), Ok(())) => Ok(()),
+        }
+    })
+}
+
+/// Splits `buf` into consecutive chunks of `size` bytes (the last shorter).
+fn chunks(buf: &mut [u8], size: usize) -> Vec<Option<&mut [u8]>> {
+    buf.chunks_mut(size.max(1)).map(Some).collect()
+}
+
+impl Communicator {
+    /// Makes this communicator (TCP between every pair of ranks) run its
+    /// collectives in two levels: `local` connects the ranks of this rank's
+    /// host (shared memory), `layout` lists each host's ranks (group ranks,
+    /// in `local`'s rank order). Every rank of the communicator must attach
+    /// the same layout before its next collective. `local` should report
+    /// global ranks in its errors (its member table) and share this
+    /// communicator's failure domain.
+    pub fn attach_levels(&mut self, local: Communicator, layout: Vec<Vec<usize>>) -> Result<()> {
+        if !matches!(self.link, Link::Tcp(_)) {
+            return Err(Error::InvalidArgument(format!(
+                "attach_levels: the communicator must connect its ranks over TCP (it uses {})",
+                self.transport()
+            )));
+        }
+        if self.levels.is_some() {
+            return Err(Error::InvalidArgument(
+                "attach_levels: levels are attached already".into(),
+            ));
+        }
+        self.levels = Some(Box::new(Levels::new(
+            self.rank(),
+            self.size(),
+            local,
+            layout,
+        )?));
+        Ok(())
+    }
+
+    /// The ranks of each host when levels are attached.
+    pub fn host_layout(&self) -> Option<&[Vec<usize>]> {
+        self.levels.as_deref().map(|l| l.plan.layout.as_slice())
+    }
+
+    /// Runs a two-level collective described by `kind`, `dtype`, `op`,
+    /// `count` and `root`: every rank checks every rank's descriptor first,
+    /// then `f` gets the levels, the cross-host side and the tripwires to
+    /// pull on failure. Errors leave with global ranks.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn two_level<T>(
+        &mut self,
+        kind: OpKind,
+        dtype: DType,
+        reduce: Option<ReduceOp>,
+        count: usize,
+        root: usize,
+        f: impl FnOnce(&mut Levels, &Net<'_>, &Stop) -> Result<T>,
+    ) -> Result<T> {
+        let op = kind.name();
+        self.guarded_global(|c| {
+            let desc = c.next_desc(kind, dtype, reduce, count, root);
+            let me = c.global_rank();
+            let domain = c.cfg.domain;
+            let Communicator {
+                link, levels, cfg, ..
+            } = c;
+            let (Link::Tcp(mesh), Some(levels)) = (&*link, levels.as_deref_mut()) else {
+                return Err(Error::InvalidArgument(format!("{op}: no levels attached")));
+            };
+            let stop = Stop {
+                wires: vec![mesh.wire().clone(), levels.local.tripwire()],
+                domain,
+                me,
+            };
+            let net = Net {
+                mesh,
+                timeout: cfg.timeout,
+                members: &cfg.members,
+                name: &cfg.name,
+                op,
+            };
+            net.agree(&desc)?;
+            f(levels, &net, &stop)
+        })
+    }
+}
