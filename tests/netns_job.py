@@ -61,6 +61,15 @@ def check_xla_api(r: int, n: int) -> None:
     assert torch.equal(a2a, torch.cat([torch.arange(3.0) + 3 * r + 10 * q for q in range(n)]))
     g = ringlet.all_reduce("sum", torch.tensor([float(r)]), groups=[[q] for q in range(n)])
     assert g.item() == r
+    # A replica group that spans hosts (two levels, uneven) and one alone.
+    groups = [list(range(n - 1)), [n - 1]]
+    mine = next(g for g in groups if r in g)
+    for count in (5, 300007):
+        inputs = [make_input(torch.float32, q, count, salt=17) for q in range(n)]
+        got = ringlet.all_reduce("sum", inputs[r], groups=groups)
+        assert_matches(got, reduce("sum", [inputs[q] for q in mine]), f"group {count}")
+        got = ringlet.all_gather(inputs[r], groups=groups)
+        assert torch.equal(got, torch.cat([inputs[q] for q in mine]))
     peer = (r + 1) % n  # send/recv around a ring that crosses every host boundary
     t = torch.full((5,), float(r))
     got = torch.empty(5)

@@ -595,17 +595,17 @@ def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
                 comm = _core.Communicator.single(state.domain)
             else:
                 tag = "/".join(",".join(map(str, g)) for g in key)
-                comm, _ = _connect(
-                    state.store,
-                    f"{state.prefix}/group/{tag}/{key.index(mine)}",
-                    mine.index(state.rank),
-                    len(mine),
-                    state.addr,
-                    state.timeout,
-                    members=list(mine),
-                    name=f"replica group {list(mine)}",
+                at = f"{state.prefix}/group/{tag}/{key.index(mine)}"
+                comm, hosts = _connect(
+                    state.store, at, mine.index(state.rank), len(mine), state.addr,
+                    state.timeout, members=list(mine), name=f"replica group {list(mine)}",
                     domain=state.domain,
                 )
+                # A replica group spanning hosts runs in two levels too.
+                local = _hierarchy(state.store, at, mine.index(state.rank), hosts, state.addr,
+                                   state.timeout, state.domain, members=list(mine))
+                if local is not None:
+                    comm.attach_levels(local, _layout(hosts))
             state.groups[key] = comm
     return comm
 

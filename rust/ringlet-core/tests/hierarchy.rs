@@ -224,3 +224,33 @@ fn a_rank_that_stops_mid_pipeline_is_named_on_every_rank() {
         assert_eq!(culprit, 2, "rank {r}: {g:?}");
     }
 }
+
+#[test]
+fn all_to_all_every_layout_with_uneven_blocks() {
+    for layout in layouts() {
+        let p: usize = layout.iter().map(Vec::len).sum();
+        let mut comms = host_groups(&layout, &cfg()).unwrap();
+        for scale in [0usize, 1, 3, 20_000] {
+            // Rank i sends (i + 2j) * scale + j elements to rank j.
+            let m = |i: usize, j: usize| (i + 2 * j) * scale + j;
+            let dtype = DType::I32;
+            let block = |i: usize, j: usize| -> Vec<u8> {
+                (0..m(i, j))
+                    .flat_map(|k| ((i * 1000 + j * 10 + k) as i32).to_le_bytes())
+                    .collect()
+            };
+            let got = run_ranks(&mut comms, |r, c| {
+                let send: Vec<u8> = (0..p).flat_map(|j| block(r, j)).collect();
+                let sc: Vec<usize> = (0..p).map(|j| m(r, j)).collect();
+                let rc: Vec<usize> = (0..p).map(|i| m(i, r)).collect();
+                let mut recv = vec![0u8; rc.iter().sum::<usize>() * 4];
+                c.all_to_all_v(&send, &sc, &mut recv, &rc, dtype).unwrap();
+                recv
+            });
+            for (r, g) in got.iter().enumerate() {
+                let want: Vec<u8> = (0..p).flat_map(|i| block(i, r)).collect();
+                assert!(*g == want, "{layout:?} scale={scale} rank={r}");
+            }
+        }
+    }
+}

@@ -28,20 +28,20 @@ use std::ops::Range;
 const OP: &str = "all_to_all";
 
 /// Who sends how many elements to whom: `m[i][j]` elements from rank i to j.
-struct Traffic {
-    m: Vec<Vec<usize>>,
-    esz: usize,
+pub(crate) struct Traffic {
+    pub(crate) m: Vec<Vec<usize>>,
+    pub(crate) esz: usize,
 }
 
 impl Traffic {
     /// The bytes of rank `i`'s send buffer addressed to rank `j`.
-    fn send_range(&self, i: usize, j: usize) -> Range<usize> {
+    pub(crate) fn send_range(&self, i: usize, j: usize) -> Range<usize> {
         let start: usize = self.m[i][..j].iter().sum::<usize>() * self.esz;
         start..start + self.m[i][j] * self.esz
     }
 
     /// The bytes of rank `j`'s receive buffer that come from rank `i`.
-    fn recv_range(&self, i: usize, j: usize) -> Range<usize> {
+    pub(crate) fn recv_range(&self, i: usize, j: usize) -> Range<usize> {
         let start: usize = (0..i).map(|k| self.m[k][j]).sum::<usize>() * self.esz;
         start..start + self.m[i][j] * self.esz
     }
@@ -54,7 +54,7 @@ impl Traffic {
         self.m.iter().flatten().copied().max().unwrap_or(0) * self.esz
     }
 
-    fn elements(&self) -> usize {
+    pub(crate) fn elements(&self) -> usize {
         self.m.iter().flatten().sum()
     }
 }
@@ -94,6 +94,9 @@ impl Communicator {
             }
         }
         let traffic = self.exchange_counts(send_counts, recv_counts, esz)?;
+        if self.levels.is_some() {
+            return self.all_to_all_levels(send, recv, &traffic, dtype);
+        }
         self.guarded(|c| {
             let desc = c.next_desc(OpKind::AllToAll, dtype, None, traffic.elements(), 0);
             let own = traffic.send_range(me, me);

@@ -11,7 +11,7 @@
 
 mod all_gather;
 mod all_reduce;
-mod all_to_all;
+pub(crate) mod all_to_all;
 mod barrier;
 mod broadcast;
 mod reduce_scatter;

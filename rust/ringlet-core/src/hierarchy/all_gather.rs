@@ -13,7 +13,7 @@
 //! Host blocks land in a staging buffer and are copied to their ranks'
 //! places in the output (ranks of a host need not be consecutive).
 
-use super::{bytes, give, pipeline, round_up, take, LocalSide, Net, Plan, PIECE_MAX, PIECE_MIN};
+use super::{bytes, give, pipeline, take, LocalSide, Net, Plan};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::Communicator;
@@ -36,7 +36,7 @@ impl Communicator {
                 return Ok(());
             }
             let plan = &lv.plan;
-            let q = block_piece(count, p, esz, plan.channels);
+            let q = plan.block_piece(count, p, esz);
             let pieces = count.div_ceil(q);
             let mut side = Side {
                 plan,
@@ -52,14 +52,6 @@ impl Communicator {
             })
         })
     }
-}
-
-/// Elements of each rank's block per piece, a multiple of `unit`, so that a
-/// piece of all `p` blocks is about a quarter of the whole, within the
-/// pipeline's piece bounds.
-pub(super) fn block_piece(count: usize, p: usize, esz: usize, unit: usize) -> usize {
-    let whole = (count * p * esz / 4).clamp(PIECE_MIN, PIECE_MAX);
-    round_up((whole / (p * esz)).max(1), unit)
 }
 
 /// Piece `k`: the range of every rank's block it covers (`start`, `real`

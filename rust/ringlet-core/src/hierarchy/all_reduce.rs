@@ -10,7 +10,7 @@
 //! way 2(H-1)/H of the buffer leaves each host, the least an all-reduce can
 //! send, spread over all of the host's ranks.
 
-use super::{bytes, chunks, give, piece_elems, pipeline, round_up, take, LocalSide, Net, Plan};
+use super::{bytes, chunks, give, pipeline, round_up, take, LocalSide, Net, Plan};
 use crate::collective::part_bytes;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
@@ -44,7 +44,7 @@ impl Communicator {
                     return Ok(());
                 }
                 let plan = &lv.plan;
-                let pe = piece_elems(count, esz, plan.channels);
+                let pe = plan.piece_elems(count, esz);
                 let pieces = count.div_ceil(pe);
                 let mut side = Side {
                     chunks: chunks(buf, pe * esz),

@@ -3,7 +3,7 @@
 //! their owners on every other host (all of the host's ranks stream at
 //! once); each other host all-gathers its ranks' channels within the host.
 
-use super::{bytes, chunks, give, piece_elems, pipeline, round_up, take, LocalSide, Net, Plan};
+use super::{bytes, chunks, give, pipeline, round_up, take, LocalSide, Net, Plan};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::Communicator;
@@ -40,7 +40,7 @@ impl Communicator {
                     .iter()
                     .position(|&r| r == root)
                     .unwrap_or(0);
-                let pe = piece_elems(count, esz, plan.channels);
+                let pe = plan.piece_elems(count, esz);
                 let pieces = count.div_ceil(pe);
                 let mut side = Side {
                     chunks: chunks(buf, pe * esz),

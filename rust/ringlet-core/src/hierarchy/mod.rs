@@ -30,6 +30,7 @@
 
 mod all_gather;
 mod all_reduce;
+mod all_to_all;
 mod broadcast;
 mod reduce_scatter;
 
@@ -224,20 +225,41 @@ fn round_up(n: usize, m: usize) -> usize {
     n.div_ceil(m) * m
 }
 
-/// Elements per piece of a pipelined collective moving `total` elements of
-/// `esz` bytes: a multiple of `unit` elements, about a quarter of the whole
-/// between `PIECE_MIN` and `PIECE_MAX` bytes, so a large collective has
-/// enough pieces to overlap and a small one runs in one.
-fn piece_elems(total: usize, esz: usize, unit: usize) -> usize {
-    let bytes = (total * esz / 4).clamp(PIECE_MIN, PIECE_MAX);
-    round_up((bytes / esz).max(1), unit)
-}
-
 /// Smallest pipeline piece: below it the per-piece steps cost more than the
 /// overlap saves.
-const PIECE_MIN: usize = 256 << 10;
+pub(super) const PIECE_MIN: usize = 256 << 10;
 /// Largest pipeline piece: pieces of every rank in flight stay cache-sized.
-const PIECE_MAX: usize = 2 << 20;
+pub(super) const PIECE_MAX: usize = 2 << 20;
+/// Smallest message a piece should give each cross-host exchange: with many
+/// hosts, pieces grow so that per-message costs stay small beside the bytes.
+const MESSAGE_MIN: usize = 16 << 10;
+
+impl Plan {
+    /// Bytes per piece of a pipelined collective moving `total` bytes:
+    /// about a quarter of the whole within `PIECE_MIN..PIECE_MAX`, so a large
+    /// collective has enough pieces to overlap and a small one runs in one;
+    /// at least `MESSAGE_MIN` per channel and host.
+    fn piece_bytes(&self, total: usize) -> usize {
+        let floor = PIECE_MIN.max(MESSAGE_MIN * self.channels * self.hosts());
+        (total / 4).clamp(floor, PIECE_MAX.max(floor))
+    }
+
+    /// Elements per piece of a buffer of `total` elements of `esz` bytes, a
+    /// multiple of the channel count.
+    fn piece_elems(&self, total: usize, esz: usize) -> usize {
+        round_up((self.piece_bytes(total * esz) / esz).max(1), self.channels)
+    }
+
+    /// Elements of each rank's block per piece when `p` blocks of `count`
+    /// elements move together, a multiple of the channel count.
+    fn block_piece(&self, count: usize, p: usize, esz: usize) -> usize {
+        round_up(
+            (self.piece_bytes(count * p * esz) / (p * esz)).max(1),
+            self.channels,
+        )
+    }
+}
+
 /// Pieces the shared-memory side may run ahead of the network.
 const DEPTH: usize = 2;
 
@@ -390,6 +412,37 @@ fn pipeline<S: LocalSide>(
             (Err(e), _) | (Ok(()), Err(e)) => Err(e),
             (Ok(()), Ok(())) => Ok(()),
         }
+    })
+}
+
+/// Runs `here` (shared-memory work on `local`) on a helper thread while
+/// `net` (TCP work) runs on the calling thread, or both in turn on the
+/// calling thread when `inline`; a failure on either side trips both levels
+/// at once.
+fn side_by_side(
+    local: &mut Communicator,
+    stop: &Stop,
+    inline: bool,
+    here: impl FnOnce(&mut Communicator) -> Result<()> + Send,
+    net: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    if inline {
+        return here(local)
+            .and_then(|()| net())
+            .inspect_err(|e| stop.now(e));
+    }
+    std::thread::scope(|s| {
+        let worker = s.spawn(move || here(local).inspect_err(|e| stop.now(e)));
+        let net = net().inspect_err(|e| stop.now(e));
+        let here = worker.join().unwrap_or_else(|_| {
+            let e = Error::Io {
+                context: "two-level collective".into(),
+                message: "the shared-memory helper thread panicked".into(),
+            };
+            stop.now(&e);
+            Err(e)
+        });
+        net.and(here)
     })
 }
 

@@ -11,7 +11,6 @@
 //!   own block, then reduces all hosts' sums in host order into its output.
 //!   Each host sends (H-1)/H of the input, the least possible.
 
-use super::all_gather::block_piece;
 use super::{bytes, chunks, give, pipeline, take, LocalSide, Net, Plan};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
@@ -43,7 +42,7 @@ impl Communicator {
                     return Ok(());
                 }
                 let plan = &lv.plan;
-                let q = block_piece(count, p, esz, plan.channels);
+                let q = plan.block_piece(count, p, esz);
                 let pieces = count.div_ceil(q);
                 let mut side = Side {
                     plan,
