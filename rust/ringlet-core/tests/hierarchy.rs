@@ -24,6 +24,18 @@ fn layouts() -> Vec<Vec<Vec<usize>>> {
         vec![vec![0, 1], vec![2, 3], vec![4, 5]],
         vec![vec![0, 1, 2], vec![3, 4]],
         vec![vec![0], vec![1], vec![2, 3]],
+        // Nine hosts: small runs take recursive doubling across hosts.
+        vec![
+            vec![0, 1],
+            vec![2],
+            vec![3],
+            vec![4],
+            vec![5],
+            vec![6],
+            vec![7],
+            vec![8],
+            vec![9],
+        ],
     ]
 }
 
