@@ -183,7 +183,7 @@ fn doubling(
     };
     let host_of = |i: usize| if i < extra { 2 * i + 1 } else { i + extra };
     if h < 2 * extra {
-        if h % 2 == 0 {
+        if h.is_multiple_of(2) {
             net.transfer(&mut [Xfer::send(owners[h + 1], seg)])?;
         } else {
             net.transfer(&mut [Xfer::recv(owners[h - 1], t)])?;
