@@ -19,7 +19,7 @@ import torch.distributed as dist
 import ringlet
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _reference import assert_matches, make_input, reduce, supported  # noqa: E402
+from _reference import assert_matches, make_input, reduce, supported
 
 out = Path(os.environ["RINGLET_TEST_OUT"])
 # Around the pipeline's piece size (256 KiB - 2 MiB) and odd: padded pieces,

@@ -29,4 +29,4 @@ Example:
 """
 
 WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes", "cuda",
-        "hosts")
+        "hosts", "model")

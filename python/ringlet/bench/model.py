@@ -1,0 +1,208 @@
+"""The time model of ringlet's collectives across hosts, and its predictions:
+``python -m ringlet.bench model``.
+
+A job of H hosts with L ranks each (p = H L) all-reduces S bytes. Each host
+has one link of ``rate`` bytes/s each way, of which TCP carries a fraction
+``eta`` as payload (1448 of every 1514 bytes on the wire at MTU 1500: 0.956),
+a message takes ``alpha`` seconds from one rank's send to its peer's receive
+(wire, kernel and wake-up), and each message costs ``o`` seconds of CPU at
+each end. Within a host the shared-memory steps copy at ``mem`` bytes/s per
+rank.
+
+ringlet (rust/ringlet-core/src/hierarchy): one descriptor exchange with every
+rank, then pieces of P bytes flow through three stages that overlap: a
+reduce-scatter within the host, the cross-host step (2 hosts: one exchange
+between the owners of each channel; 3 or more: a reduce-scatter and an
+all-gather among them, each one message to every other host; small runs on 8
+or more hosts: recursive doubling, log2 H exchanges), and an all-gather within
+the host. The slowest stage sets the pace; the first piece's reduce-scatter
+and the last piece's all-gather, and one cross step's latency, do not
+overlap::
+
+    T = alpha + (p - 1) o                          (agreement)
+      + 2 (3 P / L) / mem + s alpha                (pipeline fill and drain)
+      + max(2 S (H - 1) / H / (eta rate),           (link: the least any
+                                                     all-reduce sends per host)
+            K s f 2 o,                              (message costs, K pieces)
+            3 S / (L mem))                          (host memory steps)
+
+with s cross steps per piece of f messages each (H = 2: s = f = 1; H >= 3:
+s = 2, f = H - 1; recursive doubling: s = ceil(log2 H) + 2, f = 1), and K =
+ceil(S / P) pieces.
+
+A flat ring over all p ranks (gloo's large all-reduce, with the ranks of a
+host next to each other in the ring): 2 (p - 1) steps, each one message, and
+every host link carries 2 S (p - 1) / p each way::
+
+    T_ring = 2 (p - 1) (alpha + 2 o) + 2 S (p - 1) / p / (eta rate)
+
+Example:
+  python -m ringlet.bench model                       # this machine's 2 Gbit links
+  python -m ringlet.bench model --rate 100gbit --alpha-us 10 --per-host 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from .netns import parse_rate
+
+PIECE_MIN = 256 << 10
+PIECE_MAX = 2 << 20
+MESSAGE_MIN = 16 << 10
+
+
+@dataclass
+class Link:
+    """The machine and network a prediction is for.
+
+    Args:
+      rate (float): Bytes/s each way of every host's link.
+      alpha (float): Seconds from one rank's send to the peer's receive.
+      o (float): CPU seconds per message at each end.
+      mem (float): Bytes/s one rank copies within its host.
+      eta (float): Fraction of the wire that TCP carries as payload.
+
+    Example:
+      >>> Link(rate=250e6, alpha=60e-6, o=4e-6, mem=4e9)
+    """
+
+    rate: float
+    alpha: float
+    o: float
+    mem: float
+    eta: float = 1448 / 1514
+
+
+def piece_bytes(s: float, hosts: int, per_host: int) -> float:
+    """The pipeline's piece size for ``s`` bytes (as the engine picks it).
+
+    Args:
+      s (float): Bytes of the whole tensor.
+      hosts (int): H.
+      per_host (int): L (channels = L on even hosts).
+
+    Returns:
+      Bytes per piece.
+
+    Example:
+      >>> piece_bytes(64 << 20, 2, 2)
+      2097152
+    """
+    floor = max(PIECE_MIN, MESSAGE_MIN * per_host * hosts)
+    return min(max(s / 4, floor), max(PIECE_MAX, floor))
+
+
+def two_level(s: float, hosts: int, per_host: int, link: Link) -> float:
+    """Predicted seconds of ringlet's all-reduce of ``s`` bytes.
+
+    Args:
+      s (float): Bytes.
+      hosts (int): H (at least 2).
+      per_host (int): L.
+      link (Link): The machine.
+
+    Returns:
+      Seconds.
+
+    Example:
+      >>> two_level(64 << 20, 2, 2, Link(250e6, 60e-6, 4e-6, 4e9))
+      0.2886...
+    """
+    p = hosts * per_host
+    piece = min(piece_bytes(s, hosts, per_host), s)
+    pieces = math.ceil(s / piece)
+    if hosts == 2:
+        steps, fan = 1, 1
+    elif hosts >= 8 and piece / per_host <= 64 << 10:
+        steps, fan = math.ceil(math.log2(hosts)) + 2, 1  # recursive doubling
+    else:
+        steps, fan = 2, hosts - 1
+    agree = link.alpha + (p - 1) * link.o
+    fill = 2 * (3 * piece / per_host) / link.mem + steps * link.alpha
+    wire = 2 * s * (hosts - 1) / hosts / (link.eta * link.rate)
+    messages = pieces * steps * fan * 2 * link.o
+    memory = 3 * s / (per_host * link.mem)
+    return agree + fill + max(wire, messages, memory)
+
+
+def ring(s: float, hosts: int, per_host: int, link: Link) -> float:
+    """Predicted seconds of a flat ring all-reduce over all ranks.
+
+    Args:
+      s (float): Bytes.
+      hosts (int): H.
+      per_host (int): L.
+      link (Link): The machine.
+
+    Returns:
+      Seconds.
+
+    Example:
+      >>> ring(64 << 20, 2, 2, Link(250e6, 60e-6, 4e-6, 4e9))
+      0.4219...
+    """
+    p = hosts * per_host
+    return 2 * (p - 1) * (link.alpha + 2 * link.o) + 2 * s * (p - 1) / p / (
+        link.eta * link.rate)
+
+
+def table(link: Link, per_host: int, hosts: list[int], sizes: list[int]) -> str:
+    """Markdown table of both predictions (ms) and their ratio.
+
+    Args:
+      link (Link): The machine.
+      per_host (int): L.
+      hosts (list[int]): Values of H.
+      sizes (list[int]): Values of S in bytes.
+
+    Returns:
+      The table.
+
+    Example:
+      >>> print(table(Link(250e6, 60e-6, 4e-6, 4e9), 2, [2, 16], [1 << 20]))
+    """
+    head = "| H | p | " + " | ".join(
+        f"{_fmt(s)} two-level | {_fmt(s)} ring | x" for s in sizes) + " |"
+    rule = "|---:|---:|" + "---:|---:|---:|" * len(sizes)
+    rows = [head, rule]
+    for h in hosts:
+        cells = []
+        for s in sizes:
+            a, b = two_level(s, h, per_host, link), ring(s, h, per_host, link)
+            cells.append(f"{a * 1e3:.3g} | {b * 1e3:.3g} | {b / a:.2f}")
+        rows.append(f"| {h} | {h * per_host} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _fmt(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def main() -> None:
+    """Prints the model's predictions (``python -m ringlet.bench model``)."""
+    ap = argparse.ArgumentParser(prog="ringlet.bench model", description=__doc__.split("\n")[0])
+    ap.add_argument("--rate", default="2gbit", help="each host link, each way (tc units)")
+    ap.add_argument("--alpha-us", type=float, default=60.0, help="one message's latency")
+    ap.add_argument("--o-us", type=float, default=4.0, help="CPU per message at each end")
+    ap.add_argument("--mem-gbs", type=float, default=4.0, help="GB/s one rank copies")
+    ap.add_argument("--eta", type=float, default=1448 / 1514, help="TCP payload fraction")
+    ap.add_argument("--per-host", type=int, default=2)
+    ap.add_argument("--hosts", default="2,3,4,16,64,256")
+    ap.add_argument("--sizes", default="4096,1048576,67108864,1073741824")
+    a = ap.parse_args()
+    rate = parse_rate(a.rate)
+    if rate is None:
+        raise SystemExit("--rate needs a number (the model has no unlimited link)")
+    link = Link(rate, a.alpha_us * 1e-6, a.o_us * 1e-6, a.mem_gbs * 1e9, a.eta)
+    print(f"all_reduce, {a.per_host} ranks per host, links {a.rate} each way, alpha "
+          f"{a.alpha_us:g} us, o {a.o_us:g} us, {a.mem_gbs:g} GB/s per rank; ms")
+    print()
+    print(table(link, a.per_host, [int(h) for h in a.hosts.split(",")],
+                [int(s) for s in a.sizes.split(",")]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The cross-host time model (``python -m ringlet.bench model``): its terms
+behave as the formulas in its docstring say."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ringlet.bench import model
+
+LINK = model.Link(rate=250e6, alpha=60e-6, o=4e-6, mem=4e9)
+
+
+def test_two_hosts_large_messages_approach_the_link_and_a_third_of_the_ring() -> None:
+    s = 1 << 30
+    t = model.two_level(s, 2, 2, LINK)
+    wire = s / (LINK.eta * LINK.rate)  # S crosses each way
+    assert wire < t < 1.01 * wire
+    # A flat ring over 4 ranks sends 1.5 S each way: 1.5x longer.
+    assert model.ring(s, 2, 2, LINK) / t == pytest.approx(1.5, rel=0.01)
+
+
+def test_three_hosts_send_four_thirds() -> None:
+    s = 1 << 30
+    t = model.two_level(s, 3, 2, LINK)
+    assert t == pytest.approx(4 / 3 * s / (LINK.eta * LINK.rate), rel=0.01)
+    assert model.ring(s, 3, 2, LINK) / t == pytest.approx((2 * 5 / 6) / (4 / 3), rel=0.01)
+
+
+def test_small_messages_on_many_hosts_take_log_steps() -> None:
+    # 4 KiB on 256 hosts: recursive doubling, 10 steps, not 2 x 255 messages.
+    t = model.two_level(4096, 256, 2, LINK)
+    assert t < 12 * LINK.alpha + 511 * LINK.o + 1e-3
+    assert model.ring(4096, 256, 2, LINK) > 20 * t
+
+
+def test_piece_sizes_follow_the_engine() -> None:
+    assert model.piece_bytes(64 << 20, 2, 2) == 2 << 20
+    assert model.piece_bytes(1 << 20, 2, 2) == 256 << 10
+    assert model.piece_bytes(1 << 30, 256, 8) == (16 << 10) * 8 * 256
+
+
+def test_entry_point_prints_the_table() -> None:
+    res = subprocess.run([sys.executable, "-m", "ringlet.bench", "model", "--hosts", "2,16",
+                          "--sizes", "4096,1048576"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| 16 | 32 |" in res.stdout and "1 MiB two-level" in res.stdout
