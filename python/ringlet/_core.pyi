@@ -30,6 +30,7 @@ class Communicator:
         cma_threshold: int = ...,
         small_bytes: int = ...,
         spins: int = 2000,
+        yield_us: int = 2000,
         members: list[int] = ...,
         name: str = "",
         domain: int = 0,

@@ -104,9 +104,13 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _engine_options(local_ranks: int = 1) -> dict[str, Any]:
+def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, Any]:
     """Engine settings from the environment; ``local_ranks`` (the group's
-    ranks on this host) picks the default spin count."""
+    ranks on this host) picks the default spin count, ``crowded`` (more of
+    the job's ranks on this machine than it has CPUs, with network traffic
+    between them: hosts simulated on one machine) makes a waiting rank park
+    instead of yielding its CPU in a loop, which would keep the CPU from the
+    ranks and the network stack it waits for."""
     mode = os.environ.get("RINGLET_TRANSPORT", "auto").lower()
     if mode not in ("auto", "tcp", "shm"):
         raise ValueError(f"RINGLET_TRANSPORT={mode!r}: expected 'auto', 'shm' or 'tcp'")
@@ -121,7 +125,20 @@ def _engine_options(local_ranks: int = 1) -> dict[str, Any]:
         "spins": _env_int(
             "RINGLET_SPIN", _SPINS_DEDICATED if local_ranks <= _cores() else _SPINS_SHARED
         ),
+        "yield_us": _env_int("RINGLET_YIELD_US", 0 if crowded else _YIELD_US),
     }
+
+
+# How long a waiting rank yields its CPU (after spinning) before it parks.
+_YIELD_US = 2000
+
+
+class _HostTable(list):  # type: ignore[type-arg]
+    """Each group rank's host identity (a ``list[str]``), and how many of the
+    group's ranks run on this machine (``machine_ranks``: hosts simulated
+    with ``RINGLET_HOST_ID`` may share one)."""
+
+    machine_ranks: int = 1
 
 
 def _host_id() -> str:
@@ -164,15 +181,18 @@ def _connect(
     members: Optional[list[int]] = None,
     name: str = "",
     domain: int = 0,
-) -> tuple[_core.Communicator, list[str]]:
+    crowded: Optional[bool] = None,
+) -> tuple[_core.Communicator, _HostTable]:
     """Exchanges listening addresses under ``key`` and connects a group.
     ``members`` (global ranks, by group rank) name peers in errors, ``name``
     names the group, and communicators with the same ``domain`` fail
-    together."""
+    together. ``crowded`` (see _engine_options) defaults to: the group spans
+    hosts and runs more ranks on this machine than it has CPUs."""
     host = _host_id()
+    machine = _core.host_identity()
     bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
     listener = _core.Listener(f"{bind}:0")
-    me = {"addr": f"{addr}:{listener.port}", "host": host}
+    me = {"addr": f"{addr}:{listener.port}", "host": host, "machine": machine}
     store.set(f"{key}/peer/{group_rank}", json.dumps(me))
     if group_rank == 0:
         store.set(f"{key}/token", str(secrets.randbits(63)))
@@ -205,6 +225,10 @@ def _connect(
 
     peers = [json.loads(fetch(f"{key}/peer/{r}", r)) for r in range(group_size)]
     token = int(fetch(f"{key}/token", 0))
+    hosts = _HostTable(p["host"] for p in peers)
+    hosts.machine_ranks = sum(1 for p in peers if p.get("machine") == machine)
+    if crowded is None:
+        crowded = hosts.machine_ranks > _cores() and len(set(hosts)) > 1
     comm = _core.Communicator.connect(
         listener,
         group_rank,
@@ -215,9 +239,9 @@ def _connect(
         members=list(members) if members is not None else list(range(group_size)),
         name=name or f"a group of {group_size} ranks",
         domain=domain,
-        **_engine_options(sum(1 for p in peers if p["host"] == host)),
+        **_engine_options(sum(1 for p in peers if p["host"] == host), crowded),
     )
-    return comm, [p["host"] for p in peers]
+    return comm, hosts
 
 
 def _new_domain() -> int:
@@ -337,10 +361,14 @@ def _hierarchy(
     h = next(i for i, g in enumerate(layout) if rank in g)
     i = layout[h].index(rank)
     glob = members if members is not None else list(range(len(hosts)))
+    # Hosts simulated on one machine with more ranks than CPUs: the host
+    # level parks its waits (the network stack needs the CPUs too).
+    crowded = getattr(hosts, "machine_ranks", 0) > _cores()
     local, _ = _connect(
         store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout,
         members=[glob[r] for r in layout[h]],
         name=f"the ranks of host {h} {[glob[r] for r in layout[h]]}", domain=domain,
+        crowded=crowded,
     )
     return local
 

@@ -34,6 +34,11 @@ pub struct Config {
     pub small_bytes: usize,
     /// Spin iterations before a waiting rank yields.
     pub spins: u32,
+    /// After spinning, how long a waiting rank keeps yielding its CPU before
+    /// it parks on a futex (zero: at once, for machines with more ranks
+    /// than cores, where yielding ranks keep the CPUs from the ranks and
+    /// the network stack they wait for).
+    pub yield_for: Duration,
     /// Global rank of each group rank, for error messages and abort notices
     /// (empty: group ranks are global ranks).
     pub members: Vec<usize>,
@@ -68,6 +73,7 @@ impl Default for Config {
             cma_threshold: DEFAULT_CMA_THRESHOLD,
             small_bytes: 64 << 10,
             spins: 2000,
+            yield_for: Duration::from_millis(2),
             members: Vec::new(),
             name: String::new(),
             domain: 0,
@@ -79,6 +85,7 @@ impl Config {
     pub(crate) fn wait_policy(&self) -> WaitPolicy {
         WaitPolicy {
             spins: self.spins,
+            yield_for: self.yield_for,
             ..WaitPolicy::with_timeout(self.timeout)
         }
     }

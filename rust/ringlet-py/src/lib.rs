@@ -218,7 +218,7 @@ impl Communicator {
 
     /// Connects to every rank in the peer table (blocks without the GIL).
     #[staticmethod]
-    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=core::group::DEFAULT_SLOT_BYTES, cma=true, cma_threshold=core::group::DEFAULT_CMA_THRESHOLD, small_bytes=64<<10, spins=2000, members=Vec::new(), name=String::new(), domain=0))]
+    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=core::group::DEFAULT_SLOT_BYTES, cma=true, cma_threshold=core::group::DEFAULT_CMA_THRESHOLD, small_bytes=64<<10, spins=2000, yield_us=2000, members=Vec::new(), name=String::new(), domain=0))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -234,6 +234,7 @@ impl Communicator {
         cma_threshold: usize,
         small_bytes: usize,
         spins: u32,
+        yield_us: u64,
         members: Vec<usize>,
         name: String,
         domain: u64,
@@ -251,6 +252,7 @@ impl Communicator {
             cma_threshold,
             small_bytes,
             spins,
+            yield_for: Duration::from_micros(yield_us),
             members,
             name,
             domain,

@@ -47,7 +47,7 @@ impl Communicator {
                 q,
                 count,
             };
-            pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece| {
+            pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, _| {
                 cross(plan, net, piece, input, esz, q)
             })
         })

@@ -10,7 +10,7 @@
 //! way 2(H-1)/H of the buffer leaves each host, the least an all-reduce can
 //! send, spread over all of the host's ranks.
 
-use super::{bytes, chunks, give, pipeline, round_up, take, LocalSide, Net, Plan};
+use super::{bytes, chunks, give, pipeline, round_up, take, view, LocalSide, Net, Plan};
 use crate::collective::part_bytes;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
@@ -55,8 +55,8 @@ impl Communicator {
                     width: plan.local_size(),
                     hosts: plan.hosts(),
                 };
-                pipeline(&mut lv.local, &mut side, pieces, stop, |_, p| {
-                    cross(plan, net, p, dtype, op)
+                pipeline(&mut lv.local, &mut side, pieces, stop, |_, p, next| {
+                    cross(plan, net, p, next, dtype, op)
                 })
             },
         )
@@ -72,6 +72,9 @@ struct Piece<'a> {
     shard: Vec<u64>,
     tmp: Vec<u64>,
     stage: Option<Vec<u64>>,
+    /// Bytes of each run already sent ahead (two hosts: while the previous
+    /// piece's data arrived).
+    sent: Vec<usize>,
 }
 
 struct Side<'a, 'p> {
@@ -119,6 +122,7 @@ impl<'a> LocalSide for Side<'a, '_> {
             shard,
             tmp,
             stage,
+            sent: Vec::new(),
         })
     }
 
@@ -130,6 +134,7 @@ impl<'a> LocalSide for Side<'a, '_> {
             mut shard,
             tmp,
             stage,
+            ..
         } = p;
         let sb = n / self.width * esz;
         match stage {
@@ -217,26 +222,51 @@ fn doubling(
 }
 
 /// All-reduces this rank's channels of one piece with their owners on the
-/// other hosts; the result is left in `p.shard`.
-fn cross(plan: &Plan, net: &Net<'_>, p: &mut Piece<'_>, dtype: DType, op: ReduceOp) -> Result<()> {
+/// other hosts; the result is left in `p.shard`. With two hosts the sends of
+/// the `next` piece, when it is ready, go out behind this piece's, so the
+/// link does not idle while this piece is reduced and handed back.
+fn cross(
+    plan: &Plan,
+    net: &Net<'_>,
+    p: &mut Piece<'_>,
+    next: Option<&mut Piece<'_>>,
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
     let esz = dtype.size();
     let chan = p.n / plan.channels * esz;
     let sb = p.n / plan.local_size() * esz;
     let (h, hosts) = (plan.host, plan.hosts());
     if hosts == 2 {
+        let runs = plan.byte_runs(1 - h, plan.mine(), chan);
         let shard = bytes(&mut p.shard, sb);
         let tmp = bytes(&mut p.tmp, sb);
         {
-            let runs = plan.byte_runs(1 - h, plan.mine(), chan);
-            let mut x = Vec::with_capacity(2 * runs.len());
+            let mut x = Vec::with_capacity(3 * runs.len());
             let mut rest: &mut [u8] = tmp;
-            for (r, q) in runs {
+            for (i, (r, q)) in runs.iter().enumerate() {
                 let (head, tail) = rest.split_at_mut(r.len());
                 rest = tail;
-                x.push(Xfer::send(q, &shard[r]));
-                x.push(Xfer::recv(q, head));
+                let sent = p.sent.get(i).copied().unwrap_or(0);
+                x.push(Xfer::send_from(*q, &shard[r.clone()], sent));
+                x.push(Xfer::recv(*q, head));
             }
-            net.transfer(&mut x)?;
+            let needed = x.len();
+            let ahead = next.map(|n| {
+                let chan = n.n / plan.channels * esz;
+                let sb = n.n / plan.local_size() * esz;
+                let runs = plan.byte_runs(1 - h, plan.mine(), chan);
+                (runs, view(&n.shard, sb), &mut n.sent)
+            });
+            if let Some((runs, shard, _)) = &ahead {
+                for (r, q) in runs {
+                    x.push(Xfer::send(*q, &shard[r.clone()]));
+                }
+            }
+            net.transfer_first(&mut x, needed)?;
+            if let Some((_, _, sent)) = ahead {
+                *sent = x[needed..].iter().map(Xfer::done).collect();
+            }
         }
         // Host 0's partial first, on both hosts: the same bits everywhere.
         if h == 0 {

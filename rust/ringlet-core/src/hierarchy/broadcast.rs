@@ -52,7 +52,7 @@ impl Communicator {
                     home: plan.host == home,
                     from,
                 };
-                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece| {
+                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, _| {
                     cross(plan, net, piece, esz, home)
                 })
             },

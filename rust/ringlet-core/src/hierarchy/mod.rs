@@ -215,6 +215,11 @@ fn give(pool: &mut Vec<Vec<u64>>, bufs: impl IntoIterator<Item = Vec<u64>>) {
     }
 }
 
+/// The first `len` bytes of a scratch buffer (read only).
+fn view(v: &[u64], len: usize) -> &[u8] {
+    &bytemuck::cast_slice(v)[..len]
+}
+
 /// The first `len` bytes of a scratch buffer.
 fn bytes(v: &mut [u64], len: usize) -> &mut [u8] {
     &mut bytemuck::cast_slice_mut(v)[..len]
@@ -278,6 +283,16 @@ impl Net<'_> {
     fn transfer(&self, x: &mut [Xfer<'_>]) -> Result<()> {
         self.mesh
             .transfer(x, self.op, self.timeout)
+            .map_err(|e| self.global(e))
+    }
+
+    /// Moves the transfers until the first `needed` are done; the rest (the
+    /// next piece's sends) keep what they moved.
+    fn transfer_first(&self, x: &mut [Xfer<'_>], needed: usize) -> Result<()> {
+        self.mesh
+            .transfer_until(x, self.op, self.timeout, |x| {
+                x[..needed].iter().all(|t| t.done() == t.len())
+            })
             .map_err(|e| self.global(e))
     }
 
@@ -349,13 +364,13 @@ fn pipeline<S: LocalSide>(
     side: &mut S,
     pieces: usize,
     stop: &Stop,
-    mut cross: impl FnMut(usize, &mut S::Piece) -> Result<()>,
+    mut cross: impl FnMut(usize, &mut S::Piece, Option<&mut S::Piece>) -> Result<()>,
 ) -> Result<()> {
     if pieces <= 1 {
         let mut run = || -> Result<()> {
             for k in 0..pieces {
                 let mut p = side.pre(local, k)?;
-                cross(k, &mut p)?;
+                cross(k, &mut p, None)?;
                 side.post(local, k, p)?;
             }
             Ok(())
@@ -386,9 +401,16 @@ fn pipeline<S: LocalSide>(
             run().inspect_err(|e| stop.now(e))
         });
         let mut net = || -> Result<()> {
+            // The next piece, when the shared-memory side has it ready, so
+            // its sends can start while this piece's data arrives.
+            let mut next: Option<(usize, S::Piece)> = None;
             for _ in 0..pieces {
-                let (k, mut p) = from_local.recv().map_err(|_| stopped())?;
-                cross(k, &mut p)?;
+                let (k, mut p) = match next.take() {
+                    Some(n) => n,
+                    None => from_local.recv().map_err(|_| stopped())?,
+                };
+                next = from_local.try_recv().ok();
+                cross(k, &mut p, next.as_mut().map(|(_, n)| n))?;
                 to_local.send((k, p)).map_err(|_| stopped())?;
             }
             Ok(())

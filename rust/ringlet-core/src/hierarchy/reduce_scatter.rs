@@ -54,7 +54,7 @@ impl Communicator {
                     q,
                     count,
                 };
-                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece| {
+                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, _| {
                     cross(plan, net, piece, dtype, op, q)
                 })
             },

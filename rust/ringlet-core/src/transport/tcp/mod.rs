@@ -121,6 +121,46 @@ impl<'a> Xfer<'a> {
         Xfer::Recv { peer, buf, done: 0 }
     }
 
+    /// A send of `buf` to `peer` whose first `done` bytes went out already
+    /// (an earlier transfer stopped before it finished).
+    pub fn send_from(peer: usize, buf: &'a [u8], done: usize) -> Self {
+        Xfer::Send {
+            peer,
+            buf,
+            done: done.min(buf.len()),
+        }
+    }
+
+    /// Bytes to move in all.
+    pub fn len(&self) -> usize {
+        match self {
+            Xfer::Send { buf, .. } => buf.len(),
+            Xfer::Recv { buf, .. } => buf.len(),
+        }
+    }
+
+    /// True for a transfer of nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes moved so far.
+    pub fn done(&self) -> usize {
+        match self {
+            Xfer::Send { done, .. } | Xfer::Recv { done, .. } => *done,
+        }
+    }
+
+    /// Same peer and same direction: the two share a byte stream, so the
+    /// later one must wait until the earlier one finished.
+    fn same_stream(&self, other: &Xfer<'_>) -> bool {
+        self.peer() == other.peer()
+            && matches!(
+                (self, other),
+                (Xfer::Send { .. }, Xfer::Send { .. }) | (Xfer::Recv { .. }, Xfer::Recv { .. })
+            )
+    }
+
     fn peer(&self) -> usize {
         match self {
             Xfer::Send { peer, .. } | Xfer::Recv { peer, .. } => *peer,
@@ -473,8 +513,40 @@ impl TcpMesh {
         xfers: &mut [Xfer<'_>],
         op: &'static str,
         timeout: Duration,
-        mut after: impl FnMut(&[Xfer<'_>]) -> Result<()>,
+        after: impl FnMut(&[Xfer<'_>]) -> Result<()>,
     ) -> Result<()> {
+        self.drive(xfers, op, timeout, after, |x| x.iter().all(Xfer::finished))
+    }
+
+    /// Moves the transfers until `until(xfers)` holds; the others keep what
+    /// they moved (`Xfer::done`), so a later call can go on with them. Used
+    /// to let the next piece's send start while this piece's data arrives.
+    pub fn transfer_until(
+        &self,
+        xfers: &mut [Xfer<'_>],
+        op: &'static str,
+        timeout: Duration,
+        until: impl Fn(&[Xfer<'_>]) -> bool,
+    ) -> Result<()> {
+        self.drive(xfers, op, timeout, |_| Ok(()), until)
+    }
+
+    /// The loop behind `transfer_with` and `transfer_until`. Transfers on
+    /// the same stream (peer and direction) go in list order.
+    fn drive(
+        &self,
+        xfers: &mut [Xfer<'_>],
+        op: &'static str,
+        timeout: Duration,
+        mut after: impl FnMut(&[Xfer<'_>]) -> Result<()>,
+        until: impl Fn(&[Xfer<'_>]) -> bool,
+    ) -> Result<()> {
+        let eligible = |xfers: &[Xfer<'_>], i: usize| {
+            !xfers[i].finished()
+                && !xfers[..i]
+                    .iter()
+                    .any(|y| !y.finished() && y.same_stream(&xfers[i]))
+        };
         let mut w = Waiting::new(timeout);
         let late = |xfers: &[Xfer<'_>]| {
             xfers
@@ -489,6 +561,9 @@ impl TcpMesh {
             w.tick();
             let mut progressed = false;
             for i in 0..xfers.len() {
+                if !eligible(xfers, i) {
+                    continue;
+                }
                 match self.progress(&mut xfers[i], op) {
                     Ok(moved) => progressed |= moved,
                     Err(e) => return Err(self.answer_blame(e, late(xfers), op, &w)),
@@ -497,7 +572,7 @@ impl TcpMesh {
             if progressed {
                 after(xfers)?;
             }
-            if xfers.iter().all(Xfer::finished) {
+            if until(xfers) {
                 return Ok(());
             }
             if progressed {
@@ -506,7 +581,10 @@ impl TcpMesh {
                 return Err(self.settle(late(xfers), op, timeout, w));
             }
             if !progressed {
-                let pending: Vec<&Xfer> = xfers.iter().filter(|x| !x.finished()).collect();
+                let pending: Vec<&Xfer> = (0..xfers.len())
+                    .filter(|&i| eligible(xfers, i))
+                    .map(|i| &xfers[i])
+                    .collect();
                 let mut fds: Vec<libc::pollfd> = Vec::with_capacity(pending.len());
                 for x in &pending {
                     let events = match x {
