@@ -17,7 +17,6 @@ use super::{bytes, give, pipeline, take, LocalSide, Net, Plan};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::Communicator;
-use crate::transport::tcp::Xfer;
 use crate::transport::OpKind;
 
 impl Communicator {
@@ -47,8 +46,8 @@ impl Communicator {
                 q,
                 count,
             };
-            pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, _| {
-                cross(plan, net, piece, input, esz, q)
+            pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, next| {
+                cross(plan, net, piece, next, input, esz, q)
             })
         })
     }
@@ -63,6 +62,8 @@ struct Piece {
     real: usize,
     pad: Option<Vec<u64>>,
     recv: Vec<u64>,
+    /// How far each send got ahead of time (see `Net::exchange`).
+    sent: Vec<usize>,
 }
 
 struct Side<'a, 'p> {
@@ -124,6 +125,7 @@ impl LocalSide for Side<'_, '_> {
             real,
             pad,
             recv,
+            sent: Vec::new(),
         })
     }
 
@@ -148,35 +150,60 @@ impl LocalSide for Side<'_, '_> {
 }
 
 /// Sends this rank's piece to the owners of its channels on every other
-/// host; receives the channels it owns of every other host's piece.
+/// host (the `next` piece's sends queued behind); receives the channels it
+/// owns of every other host's piece.
 fn cross(
     plan: &Plan,
     net: &Net<'_>,
     p: &mut Piece,
+    next: Option<&mut Piece>,
     input: &[u8],
     esz: usize,
     q: usize,
 ) -> Result<()> {
     let (l, c) = (plan.local_size(), plan.channels);
-    let own: &[u8] = match &p.pad {
-        Some(v) => &bytemuck::cast_slice(v)[..q * esz],
-        None => &input[p.start * esz..(p.start + q) * esz],
-    };
-    let mut x = Vec::new();
-    let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut p.recv);
+    let mut recv = std::mem::take(&mut p.recv);
+    let mut recvs = Vec::new();
+    let mut rest: &mut [u8] = bytemuck::cast_slice_mut(&mut recv);
     for g in (0..plan.hosts()).filter(|&g| g != plan.host) {
-        // Channels of this host's piece are l*q/c elements; of host g's, w*q/c.
-        for (r, peer) in plan.byte_runs(g, plan.mine(), l * q / c * esz) {
-            x.push(Xfer::send(peer, &own[r]));
-        }
+        // Host g's piece has channels of w*q/c elements.
         let w = plan.width(g);
         let (mut slot, tail) = rest.split_at_mut(w * q / l * esz);
         rest = tail;
         for (r, peer) in plan.byte_runs(g, plan.mine(), w * q / c * esz) {
             let (head, tail) = slot.split_at_mut(r.len());
             slot = tail;
-            x.push(Xfer::recv(peer, head));
+            recvs.push((peer, head));
         }
     }
-    net.transfer(&mut x)
+    let ahead = next
+        .as_deref()
+        .map_or_else(Vec::new, |n| sends(plan, n, input, esz, q));
+    let got = net.exchange(sends(plan, p, input, esz, q), &p.sent, recvs, ahead)?;
+    if let Some(n) = next {
+        n.sent = got;
+    }
+    p.recv = recv;
+    Ok(())
+}
+
+/// A piece's sends: this rank's piece (its channels of this host's piece,
+/// of l*q/c elements each) to their owners on every other host.
+fn sends<'p>(
+    plan: &Plan,
+    p: &'p Piece,
+    input: &'p [u8],
+    esz: usize,
+    q: usize,
+) -> Vec<(usize, &'p [u8])> {
+    let (l, c) = (plan.local_size(), plan.channels);
+    let own: &[u8] = match &p.pad {
+        Some(v) => &bytemuck::cast_slice(v)[..q * esz],
+        None => &input[p.start * esz..(p.start + q) * esz],
+    };
+    (0..plan.hosts())
+        .filter(|&g| g != plan.host)
+        .flat_map(|g| plan.byte_runs(g, plan.mine(), l * q / c * esz))
+        .map(|(r, peer)| (peer, &own[r]))
+        .collect()
 }

@@ -151,6 +151,17 @@ impl<'a> LocalSide for Side<'a, '_> {
     }
 }
 
+/// A piece's sends between two hosts: each run of this rank's channels to
+/// its owner on the other host.
+fn pair_sends<'p>(plan: &Plan, n: &'p Piece<'_>, esz: usize) -> Vec<(usize, &'p [u8])> {
+    let chan = n.n / plan.channels * esz;
+    let shard = view(&n.shard, n.n / plan.local_size() * esz);
+    plan.byte_runs(1 - plan.host, plan.mine(), chan)
+        .into_iter()
+        .map(|(r, q)| (q, &shard[r]))
+        .collect()
+}
+
 /// From this many hosts, runs of at most `DOUBLING_MAX_BYTES` are
 /// all-reduced across hosts by recursive doubling: log2 H exchanges of the
 /// whole run instead of two steps with H - 1 messages each (the per-message
@@ -242,30 +253,21 @@ fn cross(
         let shard = bytes(&mut p.shard, sb);
         let tmp = bytes(&mut p.tmp, sb);
         {
-            let mut x = Vec::with_capacity(3 * runs.len());
+            let sends = runs.iter().map(|(r, q)| (*q, &shard[r.clone()])).collect();
+            let mut recvs = Vec::with_capacity(runs.len());
             let mut rest: &mut [u8] = tmp;
-            for (i, (r, q)) in runs.iter().enumerate() {
+            for (r, q) in &runs {
                 let (head, tail) = rest.split_at_mut(r.len());
                 rest = tail;
-                let sent = p.sent.get(i).copied().unwrap_or(0);
-                x.push(Xfer::send_from(*q, &shard[r.clone()], sent));
-                x.push(Xfer::recv(*q, head));
+                recvs.push((*q, head));
             }
-            let needed = x.len();
-            let ahead = next.map(|n| {
-                let chan = n.n / plan.channels * esz;
-                let sb = n.n / plan.local_size() * esz;
-                let runs = plan.byte_runs(1 - h, plan.mine(), chan);
-                (runs, view(&n.shard, sb), &mut n.sent)
-            });
-            if let Some((runs, shard, _)) = &ahead {
-                for (r, q) in runs {
-                    x.push(Xfer::send(*q, &shard[r.clone()]));
+            match next {
+                Some(n) => {
+                    n.sent = net.exchange(sends, &p.sent, recvs, pair_sends(plan, n, esz))?;
                 }
-            }
-            net.transfer_first(&mut x, needed)?;
-            if let Some((_, _, sent)) = ahead {
-                *sent = x[needed..].iter().map(Xfer::done).collect();
+                None => {
+                    net.exchange(sends, &p.sent, recvs, Vec::new())?;
+                }
             }
         }
         // Host 0's partial first, on both hosts: the same bits everywhere.

@@ -7,7 +7,6 @@ use super::{bytes, chunks, give, pipeline, round_up, take, LocalSide, Net, Plan}
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::Communicator;
-use crate::transport::tcp::Xfer;
 use crate::transport::OpKind;
 
 impl Communicator {
@@ -52,8 +51,8 @@ impl Communicator {
                     home: plan.host == home,
                     from,
                 };
-                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, _| {
-                    cross(plan, net, piece, esz, home)
+                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, next| {
+                    cross(plan, net, piece, next, esz, home)
                 })
             },
         )
@@ -68,6 +67,8 @@ struct Piece<'a> {
     n: usize,
     stage: Option<Vec<u64>>,
     tmp: Vec<u64>,
+    /// How far each send got ahead of time (see `Net::exchange`).
+    sent: Vec<usize>,
 }
 
 impl Piece<'_> {
@@ -112,6 +113,7 @@ impl<'a> LocalSide for Side<'a, '_> {
             n,
             stage,
             tmp,
+            sent: Vec::new(),
         };
         if self.home {
             local.broadcast(p.full(esz), self.dtype, self.from)?;
@@ -138,28 +140,53 @@ impl<'a> LocalSide for Side<'a, '_> {
 }
 
 /// On the root's host: sends this rank's channels to their owners on every
-/// other host. Elsewhere: receives them from their owners on the root's host.
-fn cross(plan: &Plan, net: &Net<'_>, p: &mut Piece<'_>, esz: usize, home: usize) -> Result<()> {
+/// other host (the `next` piece's queued behind). Elsewhere: receives them
+/// from their owners on the root's host.
+fn cross(
+    plan: &Plan,
+    net: &Net<'_>,
+    p: &mut Piece<'_>,
+    next: Option<&mut Piece<'_>>,
+    esz: usize,
+    home: usize,
+) -> Result<()> {
+    if plan.host == home {
+        let ahead = next
+            .as_deref()
+            .map_or_else(Vec::new, |n| sends(plan, n, esz, home));
+        let got = net.exchange(sends(plan, p, esz, home), &p.sent, Vec::new(), ahead)?;
+        if let Some(n) = next {
+            n.sent = got;
+        }
+        return Ok(());
+    }
+    let chan = p.n / plan.channels * esz;
+    let part = p.n / plan.local_size() * esz;
+    let mut recvs = Vec::new();
+    let mut rest = bytes(&mut p.tmp, part);
+    for (r, peer) in plan.byte_runs(home, plan.mine(), chan) {
+        let (head, tail) = rest.split_at_mut(r.len());
+        rest = tail;
+        recvs.push((peer, head));
+    }
+    net.exchange(Vec::new(), &[], recvs, Vec::new()).map(drop)
+}
+
+/// A piece's sends from the root's host: this rank's channels to their
+/// owners on every other host.
+fn sends<'p>(plan: &Plan, p: &'p Piece<'_>, esz: usize, home: usize) -> Vec<(usize, &'p [u8])> {
     let chan = p.n / plan.channels * esz;
     let part = p.n / plan.local_size() * esz;
     let mine = plan.mine();
     let first = mine.start * chan;
-    let mut x = Vec::new();
-    if plan.host == home {
-        let full: &[u8] = p.full(esz);
-        let own = &full[first..first + part];
-        for g in (0..plan.hosts()).filter(|&g| g != home) {
-            for (r, peer) in plan.byte_runs(g, mine.clone(), chan) {
-                x.push(Xfer::send(peer, &own[r]));
-            }
-        }
-        return net.transfer(&mut x);
-    }
-    let mut rest = bytes(&mut p.tmp, part);
-    for (r, peer) in plan.byte_runs(home, mine, chan) {
-        let (head, tail) = rest.split_at_mut(r.len());
-        rest = tail;
-        x.push(Xfer::recv(peer, head));
-    }
-    net.transfer(&mut x)
+    let full: &[u8] = match &p.stage {
+        Some(s) => &bytemuck::cast_slice(s)[..p.n * esz],
+        None => p.data,
+    };
+    let own = &full[first..first + part];
+    (0..plan.hosts())
+        .filter(|&g| g != home)
+        .flat_map(|g| plan.byte_runs(g, mine.clone(), chan))
+        .map(|(r, peer)| (peer, &own[r]))
+        .collect()
 }

@@ -286,14 +286,31 @@ impl Net<'_> {
             .map_err(|e| self.global(e))
     }
 
-    /// Moves the transfers until the first `needed` are done; the rest (the
-    /// next piece's sends) keep what they moved.
-    fn transfer_first(&self, x: &mut [Xfer<'_>], needed: usize) -> Result<()> {
+    /// One piece's transfers: `sends` (each resumed from `sent`, how far an
+    /// earlier call got with it) and `recvs`, with `ahead` (the next piece's
+    /// sends) queued behind them on the same streams. Returns when this
+    /// piece's transfers are done and tells how far each of `ahead` got, so
+    /// the link keeps busy while this piece is finished and handed back.
+    fn exchange(
+        &self,
+        sends: Vec<(usize, &[u8])>,
+        sent: &[usize],
+        recvs: Vec<(usize, &mut [u8])>,
+        ahead: Vec<(usize, &[u8])>,
+    ) -> Result<Vec<usize>> {
+        let mut x: Vec<Xfer<'_>> = Vec::with_capacity(sends.len() + recvs.len() + ahead.len());
+        for (i, (peer, b)) in sends.into_iter().enumerate() {
+            x.push(Xfer::send_from(peer, b, sent.get(i).copied().unwrap_or(0)));
+        }
+        x.extend(recvs.into_iter().map(|(peer, b)| Xfer::recv(peer, b)));
+        let needed = x.len();
+        x.extend(ahead.into_iter().map(|(peer, b)| Xfer::send(peer, b)));
         self.mesh
-            .transfer_until(x, self.op, self.timeout, |x| {
+            .transfer_until(&mut x, self.op, self.timeout, |x| {
                 x[..needed].iter().all(|t| t.done() == t.len())
             })
-            .map_err(|e| self.global(e))
+            .map_err(|e| self.global(e))?;
+        Ok(x[needed..].iter().map(Xfer::done).collect())
     }
 
     /// Every rank checks every rank's descriptor (one exchange over the mesh).

@@ -16,7 +16,6 @@ use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::Communicator;
 use crate::reduce;
-use crate::transport::tcp::Xfer;
 use crate::transport::OpKind;
 
 impl Communicator {
@@ -54,8 +53,8 @@ impl Communicator {
                     q,
                     count,
                 };
-                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, _| {
-                    cross(plan, net, piece, dtype, op, q)
+                pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, next| {
+                    cross(plan, net, piece, next, dtype, op, q)
                 })
             },
         )
@@ -69,6 +68,8 @@ struct Piece<'a> {
     out: &'a mut [u8],
     parts: Vec<u64>,
     recv: Vec<u64>,
+    /// How far each send got ahead of time (see `Net::exchange`).
+    sent: Vec<usize>,
 }
 
 struct Side<'a, 'p> {
@@ -114,6 +115,7 @@ impl<'a> LocalSide for Side<'a, '_> {
             out: self.outputs[k].take().unwrap_or_default(),
             parts,
             recv,
+            sent: Vec::new(),
         })
     }
 
@@ -123,46 +125,45 @@ impl<'a> LocalSide for Side<'a, '_> {
     }
 }
 
-/// Sends the partial sums of other hosts' regions to their owners, receives
-/// the other hosts' sums of this rank's block and reduces them in host order.
+/// Sends the partial sums of other hosts' regions to their owners (the
+/// `next` piece's sends queued behind), receives the other hosts' sums of
+/// this rank's block and reduces them in host order.
 fn cross(
     plan: &Plan,
     net: &Net<'_>,
     p: &mut Piece<'_>,
+    next: Option<&mut Piece<'_>>,
     dtype: DType,
     op: ReduceOp,
     q: usize,
 ) -> Result<()> {
     let esz = dtype.size();
     let (h, l, c) = (plan.host, plan.local_size(), plan.channels);
-    let parts: &[u8] = bytemuck::cast_slice(&p.parts);
-    let recv = bytes(&mut p.recv, (plan.hosts() - 1) * q * esz);
-    let mut own = &parts[..0];
+    let mut recv = std::mem::take(&mut p.recv);
+    let recv = bytes(&mut recv, (plan.hosts() - 1) * q * esz);
     {
-        let mut x = Vec::new();
-        let (mut at, mut rest) = (0, &mut recv[..]);
-        for g in 0..plan.hosts() {
-            let w = plan.width(g);
-            let region = &parts[at..at + w * q / l * esz];
-            at += region.len();
-            if g == h {
-                own = region;
-                continue;
-            }
-            // Channels of host g's region are w*q/c elements, of ours l*q/c.
-            for (r, peer) in plan.byte_runs(g, plan.mine(), w * q / c * esz) {
-                x.push(Xfer::send(peer, &region[r]));
-            }
+        let mut recvs = Vec::new();
+        let mut rest = &mut recv[..];
+        for g in (0..plan.hosts()).filter(|&g| g != h) {
+            // This host's region has channels of l*q/c elements; host g's
+            // owners of this rank's channels send their sums of them.
             let (mut slot, tail) = rest.split_at_mut(q * esz);
             rest = tail;
             for (r, peer) in plan.byte_runs(g, plan.mine(), l * q / c * esz) {
                 let (head, tail) = slot.split_at_mut(r.len());
                 slot = tail;
-                x.push(Xfer::recv(peer, head));
+                recvs.push((peer, head));
             }
         }
-        net.transfer(&mut x)?;
+        let ahead = next
+            .as_deref()
+            .map_or_else(Vec::new, |n| sends(plan, n, esz, q));
+        let got = net.exchange(sends(plan, p, esz, q), &p.sent, recvs, ahead)?;
+        if let Some(n) = next {
+            n.sent = got;
+        }
     }
+    let own = region(plan, &p.parts, h, esz, q);
     let n = p.out.len();
     let mut theirs = recv.chunks(q * esz);
     let srcs: Vec<&[u8]> = (0..plan.hosts())
@@ -175,4 +176,27 @@ fn cross(
         })
         .collect();
     reduce::reduce_into(dtype, op, p.out, &srcs)
+}
+
+/// This rank's channels of host `g`'s region in `parts` (hosts in order,
+/// `L_g q / L_h` elements each).
+fn region<'a>(plan: &Plan, parts: &'a [u64], g: usize, esz: usize, q: usize) -> &'a [u8] {
+    let l = plan.local_size();
+    let at: usize = (0..g).map(|j| plan.width(j) * q / l * esz).sum();
+    &bytemuck::cast_slice(parts)[at..at + plan.width(g) * q / l * esz]
+}
+
+/// A piece's sends: the partial sums of every other host's region to their
+/// owners there (host g's region has channels of L_g q / C elements).
+fn sends<'p>(plan: &Plan, p: &'p Piece<'_>, esz: usize, q: usize) -> Vec<(usize, &'p [u8])> {
+    let c = plan.channels;
+    (0..plan.hosts())
+        .filter(|&g| g != plan.host)
+        .flat_map(|g| {
+            let part = region(plan, &p.parts, g, esz, q);
+            plan.byte_runs(g, plan.mine(), plan.width(g) * q / c * esz)
+                .into_iter()
+                .map(move |(r, peer)| (peer, &part[r]))
+        })
+        .collect()
 }
