@@ -793,8 +793,11 @@ def all_gather_bucketized(
 
     Args:
       input_list (list): Input tensors.
-      dim, groups, output, pin_layout: As in :func:`all_gather`
-        (``pin_layout=True`` raises ``RuntimeError`` as in torch_xla).
+      dim (int): As in :func:`all_gather`.
+      groups (list, optional): As in :func:`all_gather`.
+      output (list, optional): As in :func:`all_gather`.
+      pin_layout (bool): As in :func:`all_gather`, but ``True`` raises
+        ``RuntimeError`` (as in torch_xla).
       bucket_cap_mb (int): Bucket size target in MiB. Default: 160
 
     Returns:
@@ -824,10 +827,14 @@ def reduce_scatter_bucketized(
     """Reduce-scatters a list of tensors in buckets of about ``bucket_cap_mb`` MiB.
 
     Args:
-      reduce_type, scale, scatter_dim, shard_count, groups, pin_layout: As in
-        :func:`reduce_scatter`.
+      reduce_type (str): As in :func:`reduce_scatter`.
       input_list (list): Input tensors.
+      scale (float): As in :func:`reduce_scatter`.
+      scatter_dim (int): As in :func:`reduce_scatter`.
+      shard_count (int): As in :func:`reduce_scatter`.
+      groups (list, optional): As in :func:`reduce_scatter`.
       output (list, optional): Output tensors.
+      pin_layout (bool): As in :func:`reduce_scatter`.
       bucket_cap_mb (int): Bucket size target in MiB. Default: 160
 
     Returns:
