@@ -74,3 +74,20 @@ def test_docstring_rewriting() -> None:
     fenced = rewrite(shell)
     assert fenced == "Run it.\n\nExamples:\n  ```text\n  torchrun a\n  mpirun b\n  ```\n"
     assert rewrite(fenced) == fenced
+
+
+def test_configuration_page_names_every_variable() -> None:
+    """Every ``RINGLET_*`` environment variable the package, the core or the
+    examples read (a quoted name in Python, ``env::var("...")`` in Rust)."""
+    reads = {
+        "python": (r"[\"'](RINGLET_[A-Z0-9_]+)[\"']", "*.py"),
+        "examples": (r"[\"'](RINGLET_[A-Z0-9_]+)[\"']", "*.py"),
+        "rust": (r"env::var(?:_os)?\(\s*\"(RINGLET_[A-Z0-9_]+)\"", "*.rs"),
+    }
+    found: set[str] = set()
+    for folder, (pattern, glob) in reads.items():
+        for path in (ROOT / folder).rglob(glob):
+            found |= set(re.findall(pattern, path.read_text()))
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    missing = sorted(name for name in found if f"`{name}`" not in page)
+    assert len(found) >= 10 and not missing, missing
