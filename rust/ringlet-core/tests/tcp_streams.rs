@@ -58,7 +58,7 @@ fn sends_to_one_peer_keep_their_order_and_resume() {
             m0.transfer(&mut [Xfer::send_from(1, b, got)], "test", t)
                 .unwrap();
         });
-        let mut got = vec![vec![0u8; len], vec![0u8; len], vec![0u8; len / 3]];
+        let mut got = [vec![0u8; len], vec![0u8; len], vec![0u8; len / 3]];
         {
             let [x, y, z] = &mut got[..] else {
                 unreachable!()
@@ -71,7 +71,7 @@ fn sends_to_one_peer_keep_their_order_and_resume() {
             .unwrap();
         }
         assert!(got[0] == *a && got[1] == *b && got[2] == *c);
-        let mut again = vec![vec![0u8; len], vec![0u8; len]];
+        let mut again = [vec![0u8; len], vec![0u8; len]];
         {
             let [x, y] = &mut again[..] else {
                 unreachable!()
