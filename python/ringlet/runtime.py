@@ -123,7 +123,8 @@ def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, An
         "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", (1 << 64) - 1),
         "small_bytes": _env_int("RINGLET_SMALL_BYTES", 64 << 10),
         "spins": _env_int(
-            "RINGLET_SPIN", _SPINS_DEDICATED if local_ranks <= _cores() else _SPINS_SHARED
+            "RINGLET_SPIN",
+            _SPINS_DEDICATED if local_ranks <= _cores() and not crowded else _SPINS_SHARED,
         ),
         "yield_us": _env_int("RINGLET_YIELD_US", 0 if crowded else _YIELD_US),
     }
