@@ -149,6 +149,28 @@ impl Plan {
         self.width(self.host)
     }
 
+    /// The host of every group rank.
+    fn host_of(&self) -> Vec<usize> {
+        let mut out = vec![0; self.layout.iter().map(Vec::len).sum()];
+        for (h, g) in self.layout.iter().enumerate() {
+            for &r in g {
+                out[r] = h;
+            }
+        }
+        out
+    }
+
+    /// The local index of every group rank on its host.
+    fn index_of(&self) -> Vec<usize> {
+        let mut out = vec![0; self.layout.iter().map(Vec::len).sum()];
+        for g in &self.layout {
+            for (i, &r) in g.iter().enumerate() {
+                out[r] = i;
+            }
+        }
+        out
+    }
+
     /// This rank's channels.
     fn mine(&self) -> Range<usize> {
         let per = self.channels / self.local_size();
