@@ -10,7 +10,8 @@ quotes), and Markdown has no roles. So, before griffe parses a docstring:
   ``>>>`` line (shell commands: ``torchrun ... -m ringlet.bench ...``) is put
   in a fenced code block, so its lines stay lines;
 * ``:func:`x```, ``:class:`x``` and the other roles become the code span
-  ```x``` (``~a.b`` becomes ``b``).
+  ```x``` (``~a.b`` becomes ``b``);
+* a reStructuredText link, ```text <https://...>`_``, becomes a Markdown one.
 
 The docstrings themselves are left as they are, for ``help()`` and IDEs.
 """
@@ -24,6 +25,7 @@ import griffe
 
 _HEADER = re.compile(r"^(\s*)Examples?:\s*$")
 _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj|const):`~?([^`]+)`")
+_LINK = re.compile(r"`([^`<]+?)\s*<(https?://[^>]+)>`__?")
 
 
 def _indent(line: str) -> int:
@@ -39,7 +41,7 @@ def _short(match: re.Match[str]) -> str:
 
 def rewrite(text: str) -> str:
     """The docstring ``text`` as griffe's Google parser and Markdown expect it."""
-    text = _ROLE.sub(_short, text)
+    text = _LINK.sub(r"[\1](\2)", _ROLE.sub(_short, text))
     lines = text.split("\n")
     out: list[str] = []
     i = 0
