@@ -76,10 +76,24 @@ class Communicator:
     def pending_message(self, peer: int) -> Optional[tuple[int, int, str]]: ...
     def wait_message(self, peer: int) -> tuple[int, int, str]: ...
     def failed(self) -> bool: ...
+    def timeout(self) -> float:
+        """The longest wait for a peer without progress, in seconds."""
+    def set_timeout(self, timeout_s: float) -> None:
+        """Changes that wait for the operations that start from now on."""
     def close(self) -> None: ...
 
 def host_identity() -> str: ...
 def abort_domain(domain: int, rank: int) -> None: ...
+
+# ---- C ABI for the native torch.distributed Backend (ringlet-core/src/capi.rs) ----
+def capi_table() -> int:
+    """The address of the engine's C ABI table, for the C++ Backend."""
+def native_group(queue: Progress, comm: Communicator) -> int:
+    """A C ABI handle over a group's queue and communicator (the caller
+    owns it and frees it with the table's ``group_free``)."""
+def native_error(err: int) -> BaseException:
+    """The Python exception for an error address the C ABI returned (taken
+    and freed; only for the C++ Backend)."""
 
 class Progress:
     """An ordered queue of jobs run by one thread (a process group's

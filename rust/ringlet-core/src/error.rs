@@ -118,6 +118,15 @@ pub enum Error {
     },
     /// A system call failed while setting up or using a transport.
     Io { context: String, message: String },
+    /// An operation queued behind earlier operations of its process group
+    /// did not start within the timeout (it was withdrawn and never ran;
+    /// the earlier operations report their own failure). Maps to
+    /// `CollectiveTimeoutError`.
+    Stalled {
+        rank: usize,
+        op: &'static str,
+        waited: Duration,
+    },
     /// An RPC failed in the message layer (malformed frame, lost connection,
     /// agent shut down). Maps to `RuntimeError`, as torch.distributed.rpc.
     Rpc(String),
@@ -359,6 +368,12 @@ impl fmt::Display for Error {
                 "rank {rank}: communicator is unusable after an earlier failure: {reason}"
             ),
             Error::Io { context, message } => write!(f, "{context}: {message}"),
+            Error::Stalled { rank, op, waited } => write!(
+                f,
+                "rank {rank}: {op}: Timed out after {:.1} s waiting for the operations issued \
+                 before it on this process group to finish; it did not start",
+                waited.as_secs_f64()
+            ),
             Error::Rpc(msg) => write!(f, "{msg}"),
         }
     }

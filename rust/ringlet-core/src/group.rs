@@ -9,7 +9,7 @@ use crate::transport::shm::ShmGroup;
 use crate::transport::tcp::TcpMesh;
 use crate::transport::{OpDesc, OpKind, WaitPolicy};
 use std::net::TcpListener;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Tunables of a communicator (the Python side fills them from `RINGLET_*`
@@ -419,6 +419,116 @@ impl Communicator {
     /// The communicator's failure flag, to abort it from another thread.
     pub fn tripwire(&self) -> Arc<Tripwire> {
         self.wire.clone()
+    }
+
+    /// The longest wait for a peer without progress.
+    pub fn timeout(&self) -> Duration {
+        self.cfg.timeout
+    }
+
+    /// Changes the longest wait for a peer without progress, for the
+    /// operations that start from now on (on every level of a communicator
+    /// spanning hosts).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.cfg.timeout = timeout;
+        if let Link::Shm { shm, .. } = &mut self.link {
+            shm.set_timeout(timeout);
+        }
+        if let Some(levels) = self.levels.as_deref_mut() {
+            levels.local.set_timeout(timeout);
+        }
+    }
+}
+
+/// A communicator several owners use in turn (the Python binding's object
+/// and the C ABI's group handle), one operation at a time; closing it
+/// (taking it out) makes later calls fail instead of touching freed state.
+#[derive(Clone)]
+pub struct SharedCommunicator {
+    inner: Arc<Mutex<Option<Communicator>>>,
+    rank: usize,
+    global: usize,
+    size: usize,
+    transport: &'static str,
+}
+
+impl SharedCommunicator {
+    /// Shares `comm`.
+    pub fn new(comm: Communicator) -> Self {
+        SharedCommunicator {
+            rank: comm.rank(),
+            global: comm.global_rank(),
+            size: comm.size(),
+            transport: comm.transport(),
+            inner: Arc::new(Mutex::new(Some(comm))),
+        }
+    }
+
+    /// The communicator's group rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The communicator's rank in the job (its group rank's member entry).
+    pub fn global_rank(&self) -> usize {
+        self.global
+    }
+
+    /// Its number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Its transport (see [`Communicator::transport`]).
+    pub fn transport(&self) -> &'static str {
+        self.transport
+    }
+
+    fn aborted(&self, reason: &str) -> Error {
+        Error::Aborted {
+            rank: self.rank,
+            reason: reason.into(),
+            origin: None,
+        }
+    }
+
+    /// Runs `f` on the communicator (waiting for the operation of another
+    /// owner to end). Fails when it was closed; argument errors name this
+    /// rank.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Communicator) -> Result<T>) -> Result<T> {
+        let mut guard = self
+            .inner
+            .lock()
+            .map_err(|_| self.aborted("an earlier call panicked"))?;
+        let comm = guard
+            .as_mut()
+            .ok_or_else(|| self.aborted("the communicator was shut down"))?;
+        let rank = self.rank;
+        f(comm).map_err(|e| match e {
+            Error::InvalidArgument(m) if !m.starts_with("rank ") => {
+                Error::InvalidArgument(format!("rank {rank}: {m}"))
+            }
+            other => other,
+        })
+    }
+
+    /// Takes the communicator out (closing it for every owner); None when
+    /// it was taken already.
+    pub fn take(&self) -> Result<Option<Communicator>> {
+        let mut guard = self
+            .inner
+            .lock()
+            .map_err(|_| self.aborted("an earlier call panicked"))?;
+        Ok(guard.take())
+    }
+
+    /// True when a fatal error made the communicator unusable, or it was
+    /// closed.
+    pub fn failed(&self) -> bool {
+        match self.inner.lock() {
+            Ok(g) => g.as_ref().is_none_or(|c| c.failed()),
+            Err(_) => true,
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! buffers tagged with a [`DType`]. The Python binding (`ringlet-py`) is a thin
 //! layer over this crate.
 
+pub mod capi;
 pub mod collective;
 pub mod dtype;
 pub mod error;
@@ -21,7 +22,7 @@ pub mod transport;
 
 pub use dtype::{DType, ReduceOp, ALL_DTYPES, ALL_OPS};
 pub use error::{Cause, Error, Result};
-pub use group::{Communicator, Config};
+pub use group::{Communicator, Config, SharedCommunicator};
 
 /// Version of the engine.
 pub fn version() -> &'static str {

@@ -105,6 +105,17 @@ pub fn to_pyerr(err: Error) -> PyErr {
                     ..Fields::default()
                 },
             ),
+            Error::Stalled { rank, op, .. } => ringlet_exception(
+                py,
+                "CollectiveTimeoutError",
+                msg,
+                Fields {
+                    rank: Some(rank),
+                    cause: Some(Cause::TimedOut.name()),
+                    op: Some(op),
+                    ..Fields::default()
+                },
+            ),
             Error::Io { .. } => ringlet_exception(py, "RingletError", msg, Fields::default()),
             Error::Rpc(_) => PyRuntimeError::new_err(msg),
         }

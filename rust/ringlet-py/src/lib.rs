@@ -13,7 +13,7 @@ use ringlet_core as core;
 use std::cell::RefCell;
 use std::net::TcpListener;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -153,19 +153,13 @@ impl Listener {
 /// One rank's endpoint in a group; all collectives are methods.
 #[pyclass(module = "ringlet._core", frozen)]
 pub(crate) struct Communicator {
-    inner: Mutex<Option<core::Communicator>>,
-    rank: usize,
-    size: usize,
-    transport: &'static str,
+    pub(crate) inner: core::SharedCommunicator,
 }
 
 impl Communicator {
     fn wrap(c: core::Communicator) -> Self {
         Communicator {
-            rank: c.rank(),
-            size: c.size(),
-            transport: c.transport(),
-            inner: Mutex::new(Some(c)),
+            inner: core::SharedCommunicator::new(c),
         }
     }
 
@@ -174,25 +168,7 @@ impl Communicator {
         py: Python<'_>,
         f: impl FnOnce(&mut core::Communicator) -> core::Result<T> + Send,
     ) -> PyResult<T> {
-        let rank = self.rank;
-        run(py, || {
-            let mut guard = self.inner.lock().map_err(|_| core::Error::Aborted {
-                rank,
-                reason: "an earlier call panicked".into(),
-                origin: None,
-            })?;
-            let comm = guard.as_mut().ok_or_else(|| core::Error::Aborted {
-                rank,
-                reason: "the communicator was shut down".into(),
-                origin: None,
-            })?;
-            f(comm).map_err(|e| match e {
-                core::Error::InvalidArgument(m) if !m.starts_with("rank ") => {
-                    core::Error::InvalidArgument(format!("rank {rank}: {m}"))
-                }
-                other => other,
-            })
-        })
+        run(py, || self.inner.with(f))
     }
 }
 
@@ -266,18 +242,37 @@ impl Communicator {
 
     #[getter]
     fn rank(&self) -> usize {
-        self.rank
+        self.inner.rank()
     }
 
     #[getter]
     fn size(&self) -> usize {
-        self.size
+        self.inner.size()
     }
 
     /// `"local"`, `"shm+cma"`, `"shm"` or `"tcp"`.
     #[getter]
     fn transport(&self) -> &'static str {
-        self.transport
+        self.inner.transport()
+    }
+
+    /// The longest wait for a peer without progress, in seconds.
+    fn timeout(&self, py: Python<'_>) -> PyResult<f64> {
+        self.with(py, |c| Ok(c.timeout().as_secs_f64()))
+    }
+
+    /// Changes the longest wait for a peer without progress (seconds) for
+    /// the operations that start from now on; waits for a running one.
+    fn set_timeout(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "timeout must be a positive number of seconds, got {timeout_s}"
+            )));
+        }
+        self.with(py, move |c| {
+            c.set_timeout(Duration::from_secs_f64(timeout_s));
+            Ok(())
+        })
     }
 
     pub(crate) fn all_reduce(
@@ -431,14 +426,8 @@ impl Communicator {
         local: &Communicator,
         layout: Vec<Vec<usize>>,
     ) -> PyResult<()> {
-        let rank = local.rank;
         let level = run(py, || {
-            let mut guard = local.inner.lock().map_err(|_| core::Error::Aborted {
-                rank,
-                reason: "an earlier call panicked".into(),
-                origin: None,
-            })?;
-            guard.take().ok_or_else(|| {
+            local.inner.take()?.ok_or_else(|| {
                 core::Error::InvalidArgument("the local communicator is closed or attached".into())
             })
         })?;
@@ -477,18 +466,13 @@ impl Communicator {
     /// True when a fatal error made the communicator unusable, or it was
     /// closed.
     fn failed(&self, py: Python<'_>) -> bool {
-        py.allow_threads(|| match self.inner.lock() {
-            Ok(g) => g.as_ref().is_none_or(|c| c.failed()),
-            Err(_) => true,
-        })
+        py.allow_threads(|| self.inner.failed())
     }
 
     /// Closes the connections; later calls raise.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         run(py, || {
-            if let Ok(mut g) = self.inner.lock() {
-                g.take();
-            }
+            drop(self.inner.take());
             Ok(())
         })
     }
@@ -500,6 +484,44 @@ impl Communicator {
 #[pyfunction]
 fn abort_domain(py: Python<'_>, domain: u64, rank: usize) {
     py.allow_threads(|| core::fault::abort_domain(domain, rank));
+}
+
+/// The address of the engine's C ABI table (`ringlet_core::capi::TABLE`),
+/// for the C++ torch.distributed Backend: it calls the engine through it
+/// without linking against this module.
+#[pyfunction]
+fn capi_table() -> usize {
+    std::ptr::addr_of!(core::capi::TABLE) as usize
+}
+
+/// A C ABI handle (an address) over a process group's progress queue and
+/// communicator, owned from now on by the caller, who frees it with the
+/// table's `group_free` (the C++ Backend does).
+#[pyfunction]
+fn native_group(queue: &progress::Progress, comm: &Communicator) -> PyResult<usize> {
+    let q = queue.shared().map_err(errors::to_pyerr)?;
+    Ok(core::capi::NativeGroup::new(q, comm.inner.clone()).into_raw() as usize)
+}
+
+/// The Python exception for an error the C ABI returned (an address the
+/// C++ Backend hands over; taken here and freed). A signal handler's
+/// exception raised while that call blocked on this thread (Ctrl-C) wins,
+/// as in every engine call.
+///
+/// Only for the C++ Backend: `err` must be an error address from the C ABI,
+/// passed once.
+#[pyfunction]
+fn native_error(err: usize) -> PyErr {
+    if let Some(raised) = PENDING.with(|p| p.borrow_mut().take()) {
+        // SAFETY: per this function's contract, a live error address.
+        drop(unsafe { core::capi::CError::take(err as *mut core::capi::CError) });
+        return raised;
+    }
+    // SAFETY: per this function's contract, a live error address, taken once.
+    match unsafe { core::capi::CError::take(err as *mut core::capi::CError) } {
+        Some(e) => errors::to_pyerr(e),
+        None => PyRuntimeError::new_err("ringlet internal error: a null error address"),
+    }
 }
 
 /// Identity of this machine (hostname and boot id).
@@ -527,5 +549,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add_function(wrap_pyfunction!(host_identity, m)?)?;
     m.add_function(wrap_pyfunction!(abort_domain, m)?)?;
+    m.add_function(wrap_pyfunction!(capi_table, m)?)?;
+    m.add_function(wrap_pyfunction!(native_group, m)?)?;
+    m.add_function(wrap_pyfunction!(native_error, m)?)?;
     Ok(())
 }

@@ -15,6 +15,11 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// The queue, for a C ABI handle that shares it.
+    pub(crate) fn shared(&self) -> core::Result<Arc<core::progress::Progress>> {
+        self.get()
+    }
+
     /// The queue, shared so that a waiter never holds the lock others need.
     fn get(&self) -> core::Result<Arc<core::progress::Progress>> {
         let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());

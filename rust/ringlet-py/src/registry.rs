@@ -308,15 +308,9 @@ impl TensorModule {
     /// `average`) over `comm`, which the module takes over (`comm` is closed
     /// for other uses).
     fn set_all_reduce(&self, py: Python<'_>, comm: &Communicator, average: bool) -> PyResult<()> {
-        let rank = comm.rank;
         let taken = run(py, || {
-            let mut g = comm.inner.lock().map_err(|_| core::Error::Aborted {
-                rank,
-                reason: "an earlier call panicked".into(),
-                origin: None,
-            })?;
-            g.take().ok_or_else(|| core::Error::Aborted {
-                rank,
+            comm.inner.take()?.ok_or_else(|| core::Error::Aborted {
+                rank: comm.inner.rank(),
                 reason: "the communicator was shut down".into(),
                 origin: None,
             })

@@ -101,6 +101,11 @@ fn bytes_to_words(b: &[u8]) -> Vec<u64> {
 }
 
 impl ShmGroup {
+    /// Changes the longest wait without progress for later operations.
+    pub(crate) fn set_timeout(&mut self, timeout: Duration) {
+        self.policy.timeout = timeout;
+    }
+
     /// Sets up the segment among all ranks of `mesh` (which must share a
     /// host), using the TCP streams for the hand-shake. Returns `None` when any
     /// rank cannot map the segment; every rank then gets `None` together.
