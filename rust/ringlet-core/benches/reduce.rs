@@ -16,7 +16,8 @@
 //! run one after another. `RINGLET_REDUCE_TABLE=15 cargo bench -p ringlet-core
 //! --bench reduce` instead runs every case round-robin (the value is the
 //! number of rounds; each case's sample is the best of 3 calls,
-//! its figure the median over rounds) and prints the README's Markdown tables;
+//! its figure the median over rounds) and prints the Markdown tables of
+//! docs/benchmarks/kernels.md;
 //! `RINGLET_REDUCE_MIB=64` sets another buffer size.
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};

@@ -249,7 +249,7 @@ pub(crate) fn tcp_all_reduce(
 /// (log2 p exchange steps) instead of one exchange with every peer. One
 /// exchange costs a latency plus p - 1 messages per rank, recursive doubling
 /// log2 p latencies and messages; on loopback here the two are level at 4
-/// and 8 ranks (README, "Scaling"), and across real links the exchange's
+/// and 8 ranks (docs/scaling.md, "Within one host"), and across real links the exchange's
 /// p - 1 messages per rank dominate beyond that.
 const RD_MIN_RANKS: usize = 8;
 
