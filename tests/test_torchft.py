@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -53,3 +54,83 @@ def test_import_without_torchft_names_the_package() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert "ringlet.torchft needs torchft: pip install torchft" in out.stdout, out
+
+
+def _wrapper_job(rank: int, world: int, port: int) -> dict:
+    """torchft's ProcessGroupWrapper protocol by hand: configure, collectives,
+    reconfigure (the old group is given up), against torchft's gloo group."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import AllgatherOptions
+    from torchft.process_group import ProcessGroupGloo
+
+    from ringlet.torchft import ProcessGroupRinglet
+
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60))
+    got: dict = {}
+    for name, pg in (("ringlet", ProcessGroupRinglet(timedelta(seconds=30))),
+                     ("gloo", ProcessGroupGloo(timedelta(seconds=30)))):
+        res = []
+        for quorum in (1, 2):  # a new quorum: configure again
+            # as torchft's quorum: every replica has finished the previous step
+            # before any replica reconfigures (and so aborts the old group)
+            store.set(f"{name}/{quorum}/{rank}", "1")
+            store.wait([f"{name}/{quorum}/{r}" for r in range(world)])
+            pg.configure(f"127.0.0.1:{port}/{name}/{quorum}", f"replica_{rank}", rank, world,
+                         quorum_id=quorum)
+            t = torch.arange(4.0) * (rank + 1) * quorum
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.SUM
+            pg.allreduce([t], opts).wait()
+            outs = [torch.zeros(2) for _ in range(world)]
+            pg.allgather([outs], [torch.full((2,), float(rank))], AllgatherOptions()).wait()
+            b = torch.full((3,), float(rank + quorum))
+            bo = dist.BroadcastOptions()
+            bo.rootRank = 1
+            pg.broadcast([b], bo).wait()
+            res.append([t.tolist(), [o.tolist() for o in outs], b.tolist()])
+        got[name] = res
+        got[name + ":name"] = pg.getBackendName()
+        if name == "ringlet":
+            out = torch.zeros(2)
+            ro = dist.ReduceScatterOptions()
+            ro.reduceOp = dist.ReduceOp.SUM
+            pg.reduce_scatter([out], [[torch.full((2,), float(r + rank)) for r in range(world)]],
+                              ro).wait()
+            got["reduce_scatter"] = out.tolist()
+        store.set(f"{name}/done/{rank}", "1")
+        store.wait([f"{name}/done/{r}" for r in range(world)])
+        pg.abort()
+    got["bad_timeout"] = [type(e).__name__ for e in _errors(
+        lambda: ProcessGroupRinglet(5.0),  # type: ignore[arg-type]
+        lambda: ProcessGroupRinglet(timedelta(0)))]
+    del store
+    return got
+
+
+def _errors(*calls: Any) -> list[BaseException]:
+    out = []
+    for call in calls:
+        try:
+            call()
+        except Exception as e:  # the point
+            out.append(e)
+    return out
+
+
+def test_wrapper_configures_collectives_as_torchft_gloo() -> None:
+    pytest.importorskip("torchft", reason="optional: pip install 'ringlet[torchft]'")
+    from conftest import free_port, launch
+
+    out = launch(2, _wrapper_job, free_port(), init=False, timeout=120)
+    for rank in range(2):
+        r = out[rank]
+        assert r["ringlet"] == r["gloo"], r
+        assert r["ringlet"][1][0] == [float(3 * 2 * i) for i in range(4)]  # (1 + 2) x 2 x i
+        assert r["ringlet"][0][1] == [[0.0, 0.0], [1.0, 1.0]]
+        assert r["ringlet"][1][2] == [3.0] * 3  # rank 1's, in quorum 2
+        assert (r["ringlet:name"], r["gloo:name"]) == ("torchft-ringlet", "torchft-gloo")
+        assert r["reduce_scatter"] == [float(rank) * 2 + 1] * 2  # sum over r of (rank + r)
+        assert r["bad_timeout"] == ["TypeError", "ValueError"]

@@ -56,6 +56,10 @@ class ProcessGroupRinglet(ProcessGroupWrapper):
         group to configure instead (torchft's wrapper argument). Default:
         ``None``.
 
+    Raises:
+      TypeError: ``timeout`` is not a ``timedelta``.
+      ValueError: ``timeout`` is not positive.
+
     Example:
       >>> pg = ProcessGroupRinglet(timeout=timedelta(seconds=30))
       >>> manager = Manager(pg=pg, min_replica_size=1, load_state_dict=load,
@@ -64,6 +68,11 @@ class ProcessGroupRinglet(ProcessGroupWrapper):
 
     def __init__(self, timeout: timedelta = timedelta(seconds=60), pg: Optional[Any] = None,
                  ) -> None:
+        if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
+            raise (ValueError if isinstance(timeout, timedelta) else TypeError)(
+                f"ringlet.torchft.ProcessGroupRinglet: timeout must be a positive "
+                f"datetime.timedelta, got {timeout!r}"
+            )
         super().__init__(timeout=timeout, pg=pg)
 
     def _create_pg(self, store: Any, rank: int, world_size: int) -> c10d.ProcessGroupRinglet:
