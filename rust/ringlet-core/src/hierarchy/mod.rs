@@ -480,37 +480,6 @@ fn pipeline<S: LocalSide>(
     })
 }
 
-/// Runs `here` (shared-memory work on `local`) on a helper thread while
-/// `net` (TCP work) runs on the calling thread, or both in turn on the
-/// calling thread when `inline`; a failure on either side trips both levels
-/// at once.
-fn side_by_side(
-    local: &mut Communicator,
-    stop: &Stop,
-    inline: bool,
-    here: impl FnOnce(&mut Communicator) -> Result<()> + Send,
-    net: impl FnOnce() -> Result<()>,
-) -> Result<()> {
-    if inline {
-        return here(local)
-            .and_then(|()| net())
-            .inspect_err(|e| stop.now(e));
-    }
-    std::thread::scope(|s| {
-        let worker = s.spawn(move || here(local).inspect_err(|e| stop.now(e)));
-        let net = net().inspect_err(|e| stop.now(e));
-        let here = worker.join().unwrap_or_else(|_| {
-            let e = Error::Io {
-                context: "two-level collective".into(),
-                message: "the shared-memory helper thread panicked".into(),
-            };
-            stop.now(&e);
-            Err(e)
-        });
-        net.and(here)
-    })
-}
-
 /// Splits `buf` into consecutive chunks of `size` bytes (the last shorter).
 fn chunks(buf: &mut [u8], size: usize) -> Vec<Option<&mut [u8]>> {
     buf.chunks_mut(size.max(1)).map(Some).collect()
