@@ -37,7 +37,7 @@ def test_small_messages_on_many_hosts_take_log_steps() -> None:
 
 
 def test_piece_sizes_follow_the_engine() -> None:
-    assert model.piece_bytes(64 << 20, 2, 2) == 2 << 20
+    assert model.piece_bytes(64 << 20, 2, 2) == 256 << 10
     assert model.piece_bytes(1 << 20, 2, 2) == 256 << 10
     assert model.piece_bytes(1 << 30, 256, 8) == (16 << 10) * 8 * 256
 

@@ -33,7 +33,11 @@ def two_level(rank: int, world: int, expect_hier: bool) -> None:
             if not supported(dtype, op):
                 continue
             for count in COUNTS:
-                if count > 70001 and op not in ("sum", "max"):
+                # The largest count (several pipeline pieces) for a few
+                # dtypes; every path is also covered bit for bit by the Rust
+                # tests on simulated hosts (cargo test --test hierarchy).
+                if count > 70001 and (op not in ("sum", "max") or dtype not in (
+                        torch.float32, torch.bfloat16, torch.int64)):
                     continue
                 inputs = [make_input(dtype, r, count, salt=7) for r in range(world)]
                 got = ringlet.all_reduce(op, inputs[rank])

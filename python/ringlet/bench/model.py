@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from .netns import parse_rate
 
 PIECE_MIN = 256 << 10
-PIECE_MAX = 2 << 20
+PIECE_MAX = 256 << 10
 MESSAGE_MIN = 16 << 10
 
 
@@ -89,7 +89,7 @@ def piece_bytes(s: float, hosts: int, per_host: int) -> float:
 
     Example:
       >>> piece_bytes(64 << 20, 2, 2)
-      2097152
+      262144
     """
     floor = max(PIECE_MIN, MESSAGE_MIN * per_host * hosts)
     return min(max(s / 4, floor), max(PIECE_MAX, floor))
