@@ -1,7 +1,15 @@
 //! Two-level broadcast. Per piece: the root's host broadcasts it within the
 //! host (shared memory); each rank there sends the channels it owns to
-//! their owners on every other host (all of the host's ranks stream at
-//! once); each other host all-gathers its ranks' channels within the host.
+//! their owners on the other hosts (all of the host's ranks stream at once);
+//! each other host all-gathers its ranks' channels within the host.
+//!
+//! Across two hosts, or a message of one piece, the root's host sends to
+//! every other host itself. Across three or more hosts a longer message
+//! goes down a chain instead (the root's host, then the hosts after it in
+//! order, wrapping around): each host's ranks receive their channels of a
+//! piece from the host before and pass them on to the host after, so every
+//! host link carries the message once each way at most, where sending to
+//! every host from the root's would put it H - 1 times through one link.
 
 use super::{bytes, chunks, give, pipeline, round_up, take, LocalSide, Net, Plan};
 use crate::dtype::DType;
@@ -41,6 +49,7 @@ impl Communicator {
                     .unwrap_or(0);
                 let pe = plan.piece_elems(count, esz);
                 let pieces = count.div_ceil(pe);
+                let chain = plan.hosts() >= 3 && pieces >= 2;
                 let mut side = Side {
                     chunks: chunks(buf, pe * esz),
                     pool: &mut lv.pool,
@@ -52,7 +61,7 @@ impl Communicator {
                     from,
                 };
                 pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, next| {
-                    cross(plan, net, piece, next, esz, home)
+                    cross(plan, net, piece, next, esz, home, chain)
                 })
             },
         )
@@ -139,9 +148,30 @@ impl<'a> LocalSide for Side<'a, '_> {
     }
 }
 
-/// On the root's host: sends this rank's channels to their owners on every
-/// other host (the `next` piece's queued behind). Elsewhere: receives them
-/// from their owners on the root's host.
+/// The hosts this host sends a piece to: every other host from the root's
+/// host, or along the chain the next host unless it is the root's; and the
+/// host it receives from (None on the root's host).
+fn route(plan: &Plan, home: usize, chain: bool) -> (Vec<usize>, Option<usize>) {
+    let (h, n) = (plan.host, plan.hosts());
+    let after = (h + 1) % n;
+    let to = match (chain, h == home) {
+        (false, true) => (0..n).filter(|&g| g != home).collect(),
+        (false, false) => Vec::new(),
+        (true, _) if after == home => Vec::new(),
+        (true, _) => vec![after],
+    };
+    let from = match (chain, h == home) {
+        (_, true) => None,
+        (false, false) => Some(home),
+        (true, false) => Some((h + n - 1) % n),
+    };
+    (to, from)
+}
+
+/// On the root's host: sends this rank's channels to their owners on the
+/// hosts it serves (the `next` piece's queued behind). Elsewhere: receives
+/// them from their owners on the host before, then (along a chain) passes
+/// them on to their owners on the host after.
 fn cross(
     plan: &Plan,
     net: &Net<'_>,
@@ -149,44 +179,60 @@ fn cross(
     next: Option<&mut Piece<'_>>,
     esz: usize,
     home: usize,
+    chain: bool,
 ) -> Result<()> {
-    if plan.host == home {
-        let ahead = next
-            .as_deref()
-            .map_or_else(Vec::new, |n| sends(plan, n, esz, home));
-        let got = net.exchange(sends(plan, p, esz, home), &p.sent, Vec::new(), ahead)?;
+    let (to, from) = route(plan, home, chain);
+    let chan = p.n / plan.channels * esz;
+    let part = p.n / plan.local_size() * esz;
+    let Some(from) = from else {
+        let ahead = next.as_deref().map_or_else(Vec::new, |n| {
+            sends(plan, own(plan, n, esz), n.n / plan.channels * esz, &to)
+        });
+        let got = net.exchange(
+            sends(plan, own(plan, p, esz), chan, &to),
+            &p.sent,
+            Vec::new(),
+            ahead,
+        )?;
         if let Some(n) = next {
             n.sent = got;
         }
         return Ok(());
-    }
-    let chan = p.n / plan.channels * esz;
-    let part = p.n / plan.local_size() * esz;
+    };
     let mut recvs = Vec::new();
     let mut rest = bytes(&mut p.tmp, part);
-    for (r, peer) in plan.byte_runs(home, plan.mine(), chan) {
+    for (r, peer) in plan.byte_runs(from, plan.mine(), chan) {
         let (head, tail) = rest.split_at_mut(r.len());
         rest = tail;
         recvs.push((peer, head));
     }
-    net.exchange(Vec::new(), &[], recvs, Vec::new()).map(drop)
+    net.exchange(Vec::new(), &[], recvs, Vec::new())?;
+    if to.is_empty() {
+        return Ok(());
+    }
+    let tmp = super::view(&p.tmp, part);
+    net.exchange(sends(plan, tmp, chan, &to), &[], Vec::new(), Vec::new())
+        .map(drop)
 }
 
-/// A piece's sends from the root's host: this rank's channels to their
-/// owners on every other host.
-fn sends<'p>(plan: &Plan, p: &'p Piece<'_>, esz: usize, home: usize) -> Vec<(usize, &'p [u8])> {
+/// This rank's channels of a piece on the root's host.
+fn own<'p>(plan: &Plan, p: &'p Piece<'_>, esz: usize) -> &'p [u8] {
     let chan = p.n / plan.channels * esz;
     let part = p.n / plan.local_size() * esz;
-    let mine = plan.mine();
-    let first = mine.start * chan;
+    let first = plan.mine().start * chan;
     let full: &[u8] = match &p.stage {
         Some(s) => &bytemuck::cast_slice(s)[..p.n * esz],
         None => p.data,
     };
-    let own = &full[first..first + part];
-    (0..plan.hosts())
-        .filter(|&g| g != home)
-        .flat_map(|g| plan.byte_runs(g, mine.clone(), chan))
+    &full[first..first + part]
+}
+
+/// A piece's sends: this rank's channels (`own`) to their owners on the
+/// hosts `to`.
+fn sends<'p>(plan: &Plan, own: &'p [u8], chan: usize, to: &[usize]) -> Vec<(usize, &'p [u8])> {
+    let mine = plan.mine();
+    to.iter()
+        .flat_map(|&g| plan.byte_runs(g, mine.clone(), chan))
         .map(|(r, peer)| (peer, &own[r]))
         .collect()
 }
