@@ -2,7 +2,7 @@
 
 Same names, signatures and errors as ``torch.distributed.rpc``, so code
 written for torch runs after ``import ringlet.rpc as rpc``. The Rust agent
-moves the messages (TCP, same-host tensors single-copy); see the README.
+moves the messages (TCP, same-host tensors single-copy); see docs/getting-started/rpc.md.
 
 Security: an RPC runs a pickled callable sent by any worker of the job.
 Only processes that know the job's token (handed out through the job's
