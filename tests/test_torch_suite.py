@@ -13,7 +13,7 @@ gloo and both ringlet modes on collectives, point-to-point, objects, DDP,
 and the gloo-gated barrier and monitored_barrier timeouts; at 4 ranks,
 ringlet with the gates lifted on two tests gloo passes there. The whole
 suite, every test at 2 and 4 ranks, gloo and both ringlet modes (about
-25 minutes on 2 cores)::
+9 minutes on 2 cores)::
 
   RINGLET_TORCH_SUITE=all RINGLET_TORCH_SUITE_OUT=suite-out \
       python -m pytest -q tests/test_torch_suite.py
