@@ -18,6 +18,9 @@ mode:
   ``init_process_group`` and ``new_group`` given ``gloo`` (or
   ``cpu:gloo``) build ringlet groups instead. Tests that compare
   ``get_backend()`` with the suite's ``BACKEND`` see ``ringlet`` there.
+  Any backend name works the same way: ``RINGLET_SUITE_GATES=mpi`` runs
+  the suite's MPI-only CPU tests (``all_to_all``, ``all_to_all_single``)
+  on ringlet groups.
 
 ``RINGLET_SUITE_START=fork``
   Each test's ranks start by ``fork`` from this process (which has imported
