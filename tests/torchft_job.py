@@ -2,7 +2,7 @@
 
 Used by ``tests/test_torchft.py`` (a replica killed mid-step and healed,
 results compared across backends) and as the step-time script of
-``docs/guides/torchft.md``::
+``docs/recipes/torchft.md``::
 
   python tests/torchft_job.py --steps 60 --width 1024 --repeat 3
 

@@ -18,11 +18,22 @@ mode:
   ``init_process_group`` and ``new_group`` given ``gloo`` (or
   ``cpu:gloo``) build ringlet groups instead. Tests that compare
   ``get_backend()`` with the suite's ``BACKEND`` see ``ringlet`` there.
+  Any backend name works the same way: ``RINGLET_SUITE_GATES=mpi`` runs
+  the suite's MPI-only CPU tests (``all_to_all``, ``all_to_all_single``)
+  on ringlet groups.
+
+``RINGLET_SUITE_START=fork``
+  Each test's ranks start by ``fork`` from this process (which has imported
+  torch, ringlet and the suite) instead of ``spawn`` (PyTorch CI's: every
+  rank a fresh interpreter that imports them again, several seconds of CPU
+  each). The tests run the same; the whole suite takes minutes instead of
+  hours on a small machine. ``tests/test_torch_suite.py`` uses it.
 
 Environment (read at import, in the parent and in every spawned rank):
   ``BACKEND`` (default ``ringlet``), ``WORLD_SIZE`` (default 2), ``TEMP_DIR``
   (default: a fresh temporary directory), ``INIT_METHOD`` (default
-  ``env://``, as the suite's), ``RINGLET_SUITE_GATES``, and torch's
+  ``env://``, as the suite's), ``RINGLET_SUITE_GATES``,
+  ``RINGLET_SUITE_START`` (``spawn``, the default, or ``fork``), and torch's
   ``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT`` (seconds per test, default 300).
 
 Usage::
@@ -50,6 +61,9 @@ os.environ.setdefault("WORLD_SIZE", "2")
 if not os.environ.get("TEMP_DIR"):
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="ringlet-torch-suite-")
 GATES = os.environ.get("RINGLET_SUITE_GATES", "")
+START = os.environ.get("RINGLET_SUITE_START", "") or "spawn"
+if START not in ("spawn", "fork"):
+    raise SystemExit(f"RINGLET_SUITE_START={START!r}: use 'spawn' or 'fork'")
 
 import torch  # noqa: E402
 
@@ -105,11 +119,15 @@ torch.backends.cuda.matmul.allow_tf32 = False
 
 
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
-    """torch CI's class (test_distributed_spawn.py), for any ``BACKEND``."""
+    """torch CI's class (test_distributed_spawn.py), for any ``BACKEND``;
+    its ranks forked instead of spawned under ``RINGLET_SUITE_START=fork``."""
 
     def setUp(self) -> None:
         super().setUp()
-        self._spawn_processes()
+        if START == "fork":
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
@@ -195,7 +213,7 @@ def run(select: list[str], json_out: str = "") -> dict:
     counts: dict[str, int] = {}
     for r in results.values():
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    out = {"config": {"backend": BACKEND, "gates": GATES or BACKEND,
+    out = {"config": {"backend": BACKEND, "gates": GATES or BACKEND, "start": START,
                       "world_size": int(os.environ["WORLD_SIZE"]),
                       "init_method": os.environ.get("INIT_METHOD", "env://"),
                       "torch": torch.__version__},
