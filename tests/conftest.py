@@ -15,6 +15,18 @@ import torch.multiprocessing as mp
 TRANSPORTS = ["shm", "tcp"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _native_backend_built() -> None:
+    """Builds the native torch.distributed Backend (or finds it in torch's
+    extension cache) once, before any test starts ranks: no rank pays the
+    first-use compile (about a minute) inside a test's timeout. Where it
+    cannot be built, process groups fall back to the Python ProcessGroup and
+    the native tests skip with the reason."""
+    from ringlet import _native
+
+    _native.load()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
