@@ -114,7 +114,7 @@ def _build(name: str) -> ModuleType:
     from torch.utils import cpp_extension
 
     _log.info("ringlet: building the native torch.distributed backend %s (once per torch "
-              "version; about a minute)", name)
+              "version; about 30 s on two cores)", name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the compiler ABI notes torch prints
         return cpp_extension.load(
@@ -150,15 +150,15 @@ def load() -> Optional[ModuleType]:
         if _module is None and _failure is None:
             import torch.distributed  # noqa: F401  (the Backend's base class)
 
-            name = library_name()
             try:
+                name = library_name()  # reads the sources: missing from a broken install
                 try:
                     _module = _import_built(name)
                 except Exception:  # half written by a build in progress: build
                     _module = None
                 if _module is None:
                     _module = _build(name)
-            except Exception as e:  # no compiler, no ninja, no headers, a bad build
+            except Exception as e:  # no sources, compiler, ninja or headers; a bad build
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 _failure = f"building the native backend failed: {type(e).__name__}: {first}"
                 _log.warning("ringlet: %s; process groups run on the Python ProcessGroup "
