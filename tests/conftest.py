@@ -19,7 +19,7 @@ TRANSPORTS = ["shm", "tcp"]
 def _native_backend_built() -> None:
     """Builds the native torch.distributed Backend (or finds it in torch's
     extension cache) once, before any test starts ranks: no rank pays the
-    first-use compile (about a minute) inside a test's timeout. Where it
+    first-use compile (about 30 s) inside a test's timeout. Where it
     cannot be built, process groups fall back to the Python ProcessGroup and
     the native tests skip with the reason."""
     from ringlet import _native
