@@ -15,6 +15,18 @@ import torch.multiprocessing as mp
 TRANSPORTS = ["shm", "tcp"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _native_backend_built() -> None:
+    """Builds the native torch.distributed Backend (or finds it in torch's
+    extension cache) once, before any test starts ranks: no rank pays the
+    first-use compile (about 30 s) inside a test's timeout. Where it
+    cannot be built, process groups fall back to the Python ProcessGroup and
+    the native tests skip with the reason."""
+    from ringlet import _native
+
+    _native.load()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,16 +101,25 @@ def launch(
         p.start()
     out: dict[int, Any] = {}
     errors: list[str] = []
+    failed: set[int] = set()
     deadline = time.monotonic() + timeout
     try:
         while len(out) + len(errors) < world:
             try:
                 rank, status, value = results.get(timeout=0.5)
             except queue.Empty:
-                live_done = all(r in out or r in expect_dead for r in range(world))
+                live_done = all(r in out or r in failed or r in expect_dead
+                                for r in range(world))
                 dead_gone = all(not procs[r].is_alive() for r in expect_dead)
-                if live_done and dead_gone and not errors:
-                    break
+                if live_done and dead_gone:
+                    break  # every rank that was to live has reported
+                crashed = [r for r in range(world) if r not in out and r not in failed
+                           and r not in expect_dead and procs[r].exitcode not in (None, 0)]
+                if crashed:  # died without reporting: no use waiting for the timeout
+                    for r in crashed:
+                        failed.add(r)
+                        errors.append(f"rank {r}: died with exit code {procs[r].exitcode}")
+                    continue
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"ranks did not finish within {timeout}s; finished: {sorted(out)}"
@@ -107,6 +128,7 @@ def launch(
             if status == "ok":
                 out[rank] = value
             else:
+                failed.add(rank)
                 errors.append(f"rank {rank}: {value}")
     finally:
         for p in procs:

@@ -106,8 +106,9 @@ def check_c10d(r: int, n: int) -> list[list[int]] | None:
             want = torch.cat([torch.arange(r * count, (r + 1) * count, dtype=torch.float64)
                               + 1000 * q for q in range(n)])
             assert torch.equal(y, want)
-    pg = dist.distributed_c10d._get_default_group()
-    layout = pg._comm.host_layout()
+    from ringlet.c10d import python_group
+
+    layout = python_group()._comm.host_layout()
     dist.destroy_process_group()
     return layout
 

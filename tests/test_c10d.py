@@ -618,8 +618,11 @@ def _two_host_job(rank: int, world: int, port: int) -> list:
     b = every[rank].clone()
     dist.broadcast(b, src=1)
     _same(b, every[1], "two-level broadcast", exact=True)
-    layout = pg._comm.host_layout()
-    transport = pg._comm.transport
+    from ringlet.c10d import python_group
+
+    comm = python_group(pg)._comm  # the Python group (behind the native Backend)
+    layout = comm.host_layout()
+    transport = comm.transport
     dist.destroy_process_group()
     return [layout, transport]
 

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup, ReduceOp
 from torch._C._distributed_c10d import Work as _CWork
 
-from . import _core, errors, runtime
+from . import _core, _native, errors, runtime
 from ._engine import (
     _DTYPE_NAMES,
     _STRIDED,
@@ -59,7 +59,11 @@ from ._engine import (
     _reduce_inplace,
 )
 
-__all__ = ["BACKEND_NAME", "ProcessGroupRinglet", "Work", "register"]
+__all__ = ["BACKEND_NAME", "ProcessGroupRinglet", "Work", "backend_kind", "python_group",
+           "register"]
+
+backend_kind = _native.backend_kind
+python_group = _native.python_group
 
 BACKEND_NAME = "ringlet"
 
@@ -232,7 +236,8 @@ class Work(_CWork):
         self._ticket = -1
         self._done = False
         self._exc: Optional[BaseException] = None
-        self._fut: Optional[torch.futures.Future] = None
+        self._fut: Optional[torch.futures.Future] = None  # what get_future() returns
+        self._src: Optional[torch.futures.Future] = None  # completed by _complete
         self._lock = threading.Lock()
         self._source = rank  # None: not a receive (-1: a receive from any source, not yet matched)
         self._completing: Optional[threading.Event] = None  # set once the future's callbacks ran
@@ -254,7 +259,7 @@ class Work(_CWork):
     def _finish(self, exc: Optional[BaseException]) -> None:
         with self._lock:
             self._exc = exc
-            fut = self._fut
+            fut = self._src
             if fut is None:
                 self._set_done()
                 return
@@ -350,9 +355,15 @@ class Work(_CWork):
         with self._lock:
             fut = self._fut
             if fut is None:
-                fut = self._fut = torch.futures.Future()
+                # The future handed out follows one this work completes: a
+                # Python future's set_exception only stores the exception as
+                # its value (C++ readers such as DDP's reducer then take it
+                # for tensors and crash), while a follower whose callback
+                # raises is failed in C++ too.
+                self._src = torch.futures.Future()
+                fut = self._fut = self._src.then(_future_value)
                 if self._done:
-                    self._complete(fut)
+                    self._complete(self._src)
         return fut
 
     def result(self) -> list[Any]:
@@ -381,6 +392,11 @@ class Work(_CWork):
 
 def _nothing() -> None:
     """A job that only wakes a progress thread for the jobs queued before it."""
+
+
+def _future_value(fut: torch.futures.Future) -> Any:
+    """The value of a completed future (raises its exception)."""
+    return fut.value()
 
 
 class _Completions:
@@ -644,7 +660,9 @@ class ProcessGroupRinglet(ProcessGroup):
         self._desc = ""
         self._coalescing: Optional[list[Work]] = None
         self._barriers = 0
+        self._shrinks = 0
         self._closed = False
+        self._kind = "python"  # "native" behind the C++ Backend (see ringlet._native)
         # torch asks a group which devices it serves (`_device_types`: DCP's
         # async_save, state dicts broadcast from rank 0, the group's default
         # device). The group itself runs its operations, so the device is
@@ -670,7 +688,8 @@ class ProcessGroupRinglet(ProcessGroup):
         self._desc = desc
 
     def __repr__(self) -> str:
-        return f"ProcessGroupRinglet(rank={self._rank}, size={self._size}, name={self._name!r})"
+        return (f"ProcessGroupRinglet(rank={self._rank}, size={self._size}, name={self._name!r}, "
+                f"backend={self._kind!r})")
 
     # -- connections ---------------------------------------------------------
 
@@ -1791,7 +1810,68 @@ class ProcessGroupRinglet(ProcessGroup):
         self.shutdown()
 
     def _set_default_timeout(self, timeout: timedelta) -> None:
-        self._timeout = max(timeout.total_seconds(), 1e-3)
+        """Sets the timeout of the operations issued from now on (the
+        engine's wait for a peer, ``Work.wait``'s default, connections);
+        queued operations keep theirs."""
+        self._timeout = secs = max(timeout.total_seconds(), 1e-3)
+        with self._lock:
+            targets = [(self._queue, None), *self._p2p.values()]
+        for queue, slot in targets:
+            def job(slot: Optional[list[Any]] = slot) -> None:
+                comm = self._comm if slot is None else slot[0]
+                if comm is not None:
+                    with contextlib.suppress(Exception):  # closed meanwhile
+                        comm.set_timeout(secs)
+
+            with contextlib.suppress(Exception):  # a closed queue runs nothing more
+                queue.submit(job, True)
+
+    # -- the native Backend (ringlet._native) ----------------------------------
+
+    def _native_handle(self) -> int:
+        """A C ABI handle over this group's queue and communicator for the
+        C++ Backend (which owns and frees it), or 0 before it is connected."""
+        comm = self._comm
+        if comm is None or self._closed:
+            return 0
+        try:
+            return int(_core.native_group(self._queue, comm))
+        except ValueError:  # closed meanwhile
+            return 0
+
+    def _shrink(self, excluded: list[int], flags: int = 0,
+                timeout_s: Optional[float] = None) -> ProcessGroupRinglet:
+        """The group of this group's ranks not in ``excluded`` (group ranks),
+        for ``torch.distributed.shrink_group``: every survivor calls it (the
+        excluded ranks must not), and the survivors connect through this
+        group's store, as a new group, on its first operation. With
+        ``SHRINK_ABORT`` in ``flags`` this group is aborted first (operations
+        blocked on a dead rank raise at once)."""
+        gone = sorted({int(r) for r in excluded})
+        if not gone or any(not 0 <= r < self._size for r in gone) or self._rank in gone:
+            raise ValueError(
+                f"{self._where()}: shrink: cannot exclude {list(excluded)} from a group of "
+                f"{self._size} ranks as rank {self._rank}"
+            )
+        if flags & 1:  # torch.distributed.SHRINK_ABORT
+            self.abort()
+        keep = [r for r in range(self._size) if r not in gone]
+        self._shrinks += 1
+        store = dist.PrefixStore(f"{self._key}/shrink/{self._shrinks}", self._store)
+        secs = timeout_s if timeout_s else self._timeout
+        return ProcessGroupRinglet(store, keep.index(self._rank), len(keep),
+                                   timedelta(seconds=secs), [self._members[r] for r in keep])
+
+    def _split(
+        self, store: Any, ranks: list[int], timeout_s: float
+    ) -> Optional[ProcessGroupRinglet]:
+        """The group of this group's ranks ``ranks`` on ``store`` (torch's
+        ``split_group``), or None on the ranks outside it."""
+        ranks = [int(r) for r in ranks]
+        if self._rank not in ranks:
+            return None
+        return ProcessGroupRinglet(store, ranks.index(self._rank), len(ranks),
+                                   timedelta(seconds=timeout_s), [self._members[r] for r in ranks])
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._set_default_timeout(timeout)
@@ -1823,7 +1903,7 @@ def _sharded_tensors_on_cpu() -> None:
 
     def device(types: Any, args: Any = (), kwargs: Any = None, pg: Any = None) -> Any:
         st = args[0] if args else None
-        if isinstance(pg, ProcessGroupRinglet) and not getattr(st, "_local_shards", True):
+        if not getattr(st, "_local_shards", True) and python_group(pg) is not None:
             return torch.device("cpu")
         return torch_op(types, args, kwargs, pg)
 
@@ -1833,13 +1913,36 @@ def _sharded_tensors_on_cpu() -> None:
 def _create(opts: Any, pg_options: Any = None) -> ProcessGroupRinglet:
     if not _sharded_device_done:
         _sharded_tensors_on_cpu()
-    return ProcessGroupRinglet(
+    # The native C++ Backend around the Python group when it builds, else
+    # the Python group itself (see ringlet._native).
+    return _native.wrap(ProcessGroupRinglet(
         opts.store, opts.group_rank, opts.group_size, opts.timeout,
         list(opts.global_ranks_in_group) or None,
-    )
+    ))
 
 
 _original_monitored_barrier: Optional[Callable[..., Any]] = None
+_original_set_pg_timeout: Optional[Callable[..., Any]] = None
+
+
+def _set_pg_timeout(timeout: timedelta, group: Any = None) -> None:
+    """``torch.distributed.distributed_c10d._set_pg_timeout`` for ringlet
+    groups (torch's own sets gloo's and NCCL's only and warns for any
+    other): the operations issued from now on wait ``timeout`` for a peer."""
+    pg = python_group(group)
+    if pg is None:
+        assert _original_set_pg_timeout is not None
+        return _original_set_pg_timeout(timeout, group)
+    if not isinstance(timeout, timedelta):
+        raise TypeError(
+            f"Expected timeout argument to be of type datetime.timedelta, got {timeout}"
+        )
+    torch_group = group if group is not None else dist.distributed_c10d._get_default_group()
+    if pg._kind == "native":  # the C++ Backend's own limit too (it tells the Python group)
+        torch_group._get_backend(torch.device("cpu"))._set_default_timeout(timeout)
+    else:
+        pg._set_default_timeout(timeout)
+    return None
 
 
 def _monitored_barrier(
@@ -1847,10 +1950,8 @@ def _monitored_barrier(
 ) -> Any:
     """``torch.distributed.monitored_barrier`` for ringlet groups (torch's own
     accepts only gloo groups); any other group goes to torch's."""
-    pg = group if group is not None else (
-        dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
-    )
-    if isinstance(pg, ProcessGroupRinglet):
+    pg = python_group(group)
+    if pg is not None:
         # torch's own checks and defaults (which gloo's groups get)
         if timeout is None:
             timeout = dist.distributed_c10d.default_pg_timeout
@@ -1882,7 +1983,7 @@ def register() -> None:
       >>> ringlet.c10d.register()
       >>> dist.init_process_group("ringlet")      # or "cpu:ringlet"
     """
-    global _original_monitored_barrier
+    global _original_monitored_barrier, _original_set_pg_timeout
     if not dist.is_available():
         return
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
@@ -1891,6 +1992,9 @@ def register() -> None:
         _original_monitored_barrier = dist.monitored_barrier
         dist.monitored_barrier = _monitored_barrier
         dist.distributed_c10d.monitored_barrier = _monitored_barrier
+    if _original_set_pg_timeout is None:
+        _original_set_pg_timeout = dist.distributed_c10d._set_pg_timeout
+        dist.distributed_c10d._set_pg_timeout = _set_pg_timeout
 
 
 def _close_all() -> None:

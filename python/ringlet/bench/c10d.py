@@ -1,24 +1,32 @@
 """The torch.distributed API on a ringlet group against a gloo group of the same
 ranks, in the same processes, alternating blocks of back-to-back calls: the
-collective table (latency, algbw, busbw by nccl-tests definitions) and training
-steps of torch DDP and FSDP2 on a model where communication matters.
+collective table (latency, algbw, busbw by nccl-tests definitions), training
+steps of torch DDP and FSDP2 on a model where communication matters, and
+(``--what doors``) one all_reduce through every door ringlet has: the native
+C++ Backend, the Python ProcessGroup, the engine's in-place call, the C++
+operator ``torch.ops.ringlet.all_reduce_`` and DeepSpeed's
+``torch.ops.deepspeed.inference_all_reduce_`` (when deepspeed is installed),
+beside torch's own floor (a no-op C++ Backend).
 
 Example:
   torchrun --nproc_per_node 2 -m ringlet.bench c10d
   torchrun --nproc_per_node 4 -m ringlet.bench c10d --what ops --budget 1
+  torchrun --nproc_per_node 2 -m ringlet.bench c10d --what doors --dtypes float32,bfloat16
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-import ringlet  # noqa: F401  (registers the backend)
+import ringlet  # registers the backend
 
 # torch 2.13 renamed these (the old names warn on every call).
 _AG = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -93,10 +101,11 @@ def collectives(ops: list[str], sizes: list[int], budget: float, gloo: Any) -> l
 def overhead(reps: int = 10000) -> dict[str, float]:
     """4 KiB all_reduce: the engine call alone on the group's own communicator
     vs ``dist.all_reduce`` through the backend, alternating blocks (µs)."""
-    pg = dist.distributed_c10d._get_default_group()
+    from ringlet.c10d import python_group
+
     x = torch.ones(1024)
     dist.all_reduce(x)
-    comm = pg._world()
+    comm = python_group()._world()
     ptr, nbytes = x.data_ptr(), x.nbytes
     eng, api = [], []
     for _ in range(50):
@@ -104,6 +113,114 @@ def overhead(reps: int = 10000) -> dict[str, float]:
         api.append(_block(lambda: dist.all_reduce(x), reps // 50, None))
     e, a = statistics.median(eng), statistics.median(api)
     return {"engine_us": e * 1e6, "backend_us": a * 1e6, "added_us": (a - e) * 1e6}
+
+
+DOOR_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+DOORS = ["deepspeed op", "ringlet op", "engine call", "dist native", "dist python", "torch floor"]
+
+
+def _deepspeed_op() -> Optional[Callable[[torch.Tensor], Any]]:
+    """DeepSpeed's CPU shared-memory all-reduce (``inference_all_reduce_``,
+    SUM only), loaded as DeepSpeed's tensor-parallel inference loads it; None
+    when deepspeed is not installed or its op does not build. Its shared
+    memory is per host and crashes unless ``LOCAL_SIZE`` is the world size."""
+    try:
+        os.environ.setdefault("LOCAL_SIZE", str(dist.get_world_size()))
+        os.environ.setdefault("LOCAL_RANK", str(dist.get_rank()))
+        from deepspeed.accelerator import get_accelerator
+
+        # DeepSpeed >= 0.16 names the builder ShareMemCommBuilder (older: ShmCommBuilder)
+        builder = (get_accelerator().create_op_builder("ShareMemCommBuilder")
+                   or get_accelerator().create_op_builder("ShmCommBuilder"))
+        if builder is None:
+            raise ImportError("no shared-memory comm op builder for this accelerator")
+        shm = builder.load()
+        shm.initialize(dist.get_world_size(), dist.get_rank())
+        op = torch.ops.deepspeed.inference_all_reduce_
+    except Exception as e:  # not installed, no compiler, another API
+        print(f"rank {dist.get_rank()}: DeepSpeed's op is not available: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    return op
+
+
+def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float) -> list[dict]:
+    """``all_reduce`` (sum, in place) of each size and dtype through every
+    door, alternating blocks of back-to-back calls after a barrier, ``rounds``
+    rounds; the median µs per call of each door. ``dist native`` and
+    ``dist python`` are ``dist.all_reduce`` on a group whose CPU backend is
+    the native C++ Backend / the Python ProcessGroup; ``torch floor`` is
+    ``dist.all_reduce`` on a C++ Backend that does nothing (torch's own
+    wrapper and dispatch: a lower bound for any backend); ``engine call`` is
+    ``ringlet.all_reduce(REDUCE_SUM, [t])``; ``ringlet op`` is
+    ``torch.ops.ringlet.all_reduce_(t)``."""
+    from ringlet import _native
+    from ringlet.c10d import ProcessGroupRinglet, backend_kind
+
+    ext = _native.load()
+    dist.Backend.register_backend(
+        "ringlet_python", lambda o, p=None: ProcessGroupRinglet(
+            o.store, o.group_rank, o.group_size, o.timeout), extended_api=True, devices=["cpu"])
+    python_pg = dist.new_group(backend="ringlet_python")
+    floor_pg = None
+    if ext is not None:
+        dist.Backend.register_backend(
+            "ringlet_noop", lambda o, p=None: ext.NoopBackend(o.group_rank, o.group_size),
+            extended_api=True, devices=["cpu"])
+        floor_pg = dist.new_group(backend="ringlet_noop")
+    native = backend_kind() == "native"
+    ds = _deepspeed_op()
+    rows = []
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        for size in sizes:
+            x = torch.zeros(size // dtype.itemsize, dtype=dtype)  # sums stay finite
+            calls = _door_calls(x, python_pg, floor_pg if native else None, native, ds)
+            for f in calls.values():
+                f()
+                f()
+            reps = max(5, min(200, int(budget * 2e7 / size)))
+            times: dict[str, list[float]] = {k: [] for k in calls}
+            for _ in range(rounds):
+                for k, f in calls.items():
+                    times[k].append(_block(f, reps, None))
+            rows.append({"dtype": name, "bytes": size,
+                         **{k: statistics.median(v) * 1e6 for k, v in times.items()}})
+    return rows
+
+
+def _door_calls(x: torch.Tensor, python_pg: Any, floor_pg: Any, native: bool,
+                ds: Optional[Callable[[torch.Tensor], Any]]) -> dict[str, Callable[[], Any]]:
+    """One in-place sum of ``x`` per door (see :func:`doors`)."""
+    calls: dict[str, Callable[[], Any]] = {
+        "ringlet op": lambda: torch.ops.ringlet.all_reduce_(x),
+        "engine call": lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [x]),
+        "dist python": lambda: dist.all_reduce(x, group=python_pg),
+    }
+    if native:
+        calls["dist native"] = lambda: dist.all_reduce(x)
+    if floor_pg is not None:
+        calls["torch floor"] = lambda: dist.all_reduce(x, group=floor_pg)
+    if ds is not None:
+        calls["deepspeed op"] = lambda: ds(x)
+    return calls
+
+
+def _doors_table(rows: list[dict], n: int) -> str:
+    """The doors result as a markdown table (µs; x: DeepSpeed's time over
+    ringlet's op; +µs: dist native over the engine call, and torch's floor)."""
+    cols = [d for d in DOORS if any(d in r for r in rows)]
+    head = "| dtype | size | " + " | ".join(f"{c} µs" for c in cols)
+    head += " | op vs DeepSpeed | dist native - engine call |"
+    lines = [f"all_reduce (sum, in place), world size {n}, median µs per call of alternating "
+             "blocks", "", head, "|---|---|" + "---:|" * (len(cols) + 2)]
+    for r in rows:
+        cells = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
+        ratio = (f"{r['deepspeed op'] / r['ringlet op']:.2f}x" if "deepspeed op" in r else "-")
+        extra = (f"{r['dist native'] - r['engine call']:+.2f}" if "dist native" in r else "-")
+        lines.append(f"| {r['dtype']} | {_fmt(r['bytes'])} | " + " | ".join(cells)
+                     + f" | {ratio} | {extra} |")
+    return "\n".join(lines)
 
 
 def _model(width: int, depth: int) -> torch.nn.Module:
@@ -170,7 +287,11 @@ def training(steps: int, width: int, depth: int, batch: int, gloo: Any) -> list[
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--what", default="ops,overhead,train",
-                   help="comma list of ops, overhead, train")
+                   help="comma list of ops, overhead, train, doors")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="doors: comma list")
+    p.add_argument("--door-sizes", default=",".join(str(s) for s in DOOR_SIZES),
+                   help="doors: bytes, comma list")
+    p.add_argument("--rounds", type=int, default=25, help="doors: alternating rounds")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     p.add_argument("--budget", type=float, default=1.0, help="rough seconds per size")
@@ -201,6 +322,12 @@ def main() -> None:
             print(f"\n4 KiB all_reduce, world size {n}: engine call {o['engine_us']:.2f} µs, "
                   f"dist.all_reduce on ringlet {o['backend_us']:.2f} µs, "
                   f"added by the backend {o['added_us']:.2f} µs")
+    if "doors" in what:
+        ringlet.init()
+        rows = doors([int(s) for s in args.door_sizes.split(",")], args.dtypes.split(","),
+                     args.rounds, args.budget)
+        if me == 0:
+            print("\n" + _doors_table(rows, n))
     if "train" in what:
         rows = training(args.steps, args.width, args.depth, args.batch, gloo)
         if me == 0:
