@@ -24,7 +24,7 @@ def _native_backend_built() -> None:
     the native tests skip with the reason."""
     from ringlet import _native
 
-    _native.load()
+    _native.build()
 
 
 def free_port() -> int:

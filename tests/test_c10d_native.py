@@ -118,6 +118,54 @@ def test_python_process_group_fallback_says_so() -> None:
         assert "backend='python'" in o["python_repr"], o
 
 
+_FIRST_USE = """
+import time, torch, torch.distributed as dist
+import ringlet.c10d
+from ringlet import _native
+t = time.monotonic()
+dist.init_process_group("ringlet", store=dist.HashStore(), rank=0, world_size=1)
+x = torch.arange(4.0)
+dist.all_reduce(x)
+assert x.tolist() == [0.0, 1.0, 2.0, 3.0], x
+print(ringlet.c10d.backend_kind(), round(time.monotonic() - t, 3), _native.reason(), sep="|")
+dist.destroy_process_group()
+"""
+
+
+def test_first_use_builds_in_the_background_and_later_processes_go_native(tmp_path: Any) -> None:
+    """With no library built for this torch (a fresh extension directory),
+    the first group does not wait for a compiler: it runs on the Python
+    ProcessGroup, says why, and one detached build starts; a process that
+    starts after that build is done gets the native Backend."""
+    import subprocess
+    import sys
+
+    from ringlet import _native
+
+    if _native.load() is None:
+        pytest.skip(f"the native backend is not available here: {_native.reason()}")
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), RINGLET_NATIVE="auto")
+
+    def run() -> list[str]:
+        done = subprocess.run([sys.executable, "-c", _FIRST_USE], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1].split("|")
+
+    kind, secs, why = run()
+    assert kind == "python" and "background" in why, (kind, why)
+    assert float(secs) < 20, secs  # no compile on the way (a compile takes 25 s and more)
+    name = _native.library_name()
+    marker = tmp_path / f"{name}.building"
+    deadline = time.monotonic() + 300
+    while marker.exists() and time.monotonic() < deadline:  # the build's own end marks it
+        time.sleep(0.5)
+    assert not marker.exists(), "the background build did not finish within 300 s"
+    assert (tmp_path / name / f"{name}.so").is_file(), sorted(p.name for p in tmp_path.iterdir())
+    kind, _, why = run()
+    assert kind == "native", (kind, why)
+
+
 # -- issue order between the doors ---------------------------------------------------
 
 

@@ -17,11 +17,16 @@ reached through a C ABI table whose address Python hands over
 (``ringlet._core.capi_table()``), so the C++ library does not link against
 the engine's and does not depend on its build.
 
-``RINGLET_NATIVE`` chooses: ``auto`` (default: native when it builds, the
-Python ``ProcessGroup`` otherwise), ``0`` (always the Python group), ``1``
-(native or an error). Without a compiler, ninja or torch's C++ headers the
-build fails once per process, the reason is logged, and process groups are
-Python ones (``ringlet.c10d.backend_kind(group)`` says which).
+``RINGLET_NATIVE`` chooses: ``auto`` (default: native when the library is
+built; on first use the build starts in a background process and groups are
+Python ones until it is done, so no ``init_process_group`` ever waits for a
+compiler), ``0`` (always the Python group), ``1`` (native or an error; the
+first use builds in the foreground). :func:`build` builds in the foreground
+(``python -c "from ringlet import _native; _native.build()"`` after
+installing, to have native groups from the first process on). Without a
+compiler, ninja or torch's C++ headers the build fails, the reason is
+logged, and process groups are Python ones
+(``ringlet.c10d.backend_kind(group)`` says which).
 
 Example:
   >>> from ringlet import _native
@@ -45,7 +50,8 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["backend_kind", "library_name", "load", "mode", "python_group", "reason", "wrap"]
+__all__ = ["backend_kind", "build", "library_name", "load", "mode", "python_group", "reason",
+           "wrap"]
 
 _log = logging.getLogger("ringlet")
 _SRC = Path(__file__).parent / "csrc"
@@ -127,8 +133,10 @@ def _build(name: str) -> ModuleType:
 
 
 def load() -> Optional[ModuleType]:
-    """The native extension, built on first use; None when it is turned off
-    (``RINGLET_NATIVE=0``) or cannot be built (see :func:`reason`).
+    """The native extension when it is built; None when it is turned off
+    (``RINGLET_NATIVE=0``), not built yet (``auto``: this call starts the
+    build in a background process and returns at once) or cannot be built
+    (see :func:`reason`). ``RINGLET_NATIVE=1`` builds in the foreground.
 
     Returns:
       The extension module (``RingletBackend``, ``NoopBackend``; loading it
@@ -140,6 +148,29 @@ def load() -> Optional[ModuleType]:
     Example:
       >>> ext = load()
     """
+    return _load(foreground=mode() == "1")
+
+
+def build() -> Optional[ModuleType]:
+    """Builds the native extension now, in this process (or loads it when it
+    is built already), whatever ``RINGLET_NATIVE`` says other than ``0``.
+
+    Returns:
+      The extension module, or None when it is turned off or cannot be
+      built (see :func:`reason`).
+
+    Raises:
+      RuntimeError: ``RINGLET_NATIVE=1`` and the build failed.
+
+    Example:
+      >>> from ringlet import _native
+      >>> _native.build() is not None     # where a C++ compiler and ninja exist
+      True
+    """
+    return _load(foreground=True)
+
+
+def _load(foreground: bool) -> Optional[ModuleType]:
     global _module, _failure
     if mode() == "0":
         _python_op()
@@ -147,17 +178,21 @@ def load() -> Optional[ModuleType]:
     if _module is not None:
         return _module
     with _lock:
-        if _module is None and _failure is None:
+        if _module is None and (_failure is None or (foreground and _failure == _BACKGROUND)):
+            _failure = None
             import torch.distributed  # noqa: F401  (the Backend's base class)
 
             try:
                 name = library_name()  # reads the sources: missing from a broken install
                 try:
                     _module = _import_built(name)
-                except Exception:  # half written by a build in progress: build
+                except Exception:  # half written by a build in progress
                     _module = None
-                if _module is None:
+                if _module is None and foreground:
                     _module = _build(name)
+                elif _module is None:
+                    _build_in_background(name)
+                    _failure = _BACKGROUND
             except Exception as e:  # no sources, compiler, ninja or headers; a bad build
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 _failure = f"building the native backend failed: {type(e).__name__}: {first}"
@@ -168,6 +203,47 @@ def load() -> Optional[ModuleType]:
     if _module is None:
         _python_op()
     return _module
+
+
+_BACKGROUND = ("the native backend is being built in a background process (its first use "
+               "with this torch); processes that start after it is built use it")
+
+
+def _build_in_background(name: str) -> None:
+    """Starts one detached, low-priority build of the extension unless one
+    is running (a marker file in torch's extension directory; one older
+    than ten minutes is taken for a build that died)."""
+    import subprocess
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    root = Path(_get_build_directory(name, False)).parent
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / f"{name}.building"
+    try:
+        if time.time() - marker.stat().st_mtime > 600:
+            marker.unlink(missing_ok=True)
+    except OSError:
+        pass
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    script = ("import os, pathlib\n"
+              "os.nice(10)\n"
+              "try:\n"
+              "    from ringlet import _native\n"
+              "    _native.build()\n"
+              "finally:\n"
+              f"    pathlib.Path({str(marker)!r}).unlink(missing_ok=True)\n")
+    env = dict(os.environ, RINGLET_NATIVE="auto")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, close_fds=True)
+    _log.info("ringlet: %s", _BACKGROUND)
 
 
 _op_lib: Optional[torch.library.Library] = None

@@ -157,7 +157,7 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float) -> li
     from ringlet import _native
     from ringlet.c10d import ProcessGroupRinglet, backend_kind
 
-    ext = _native.load()
+    ext = _native.build()
     dist.Backend.register_backend(
         "ringlet_python", lambda o, p=None: ProcessGroupRinglet(
             o.store, o.group_rank, o.group_size, o.timeout), extended_api=True, devices=["cpu"])
