@@ -24,6 +24,7 @@
 //! whichever door (C++ or Python) they came in by. The caller must not hold
 //! the GIL: a queued Python job it runs takes it.
 
+use crate::buf::{self, RawBuf};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::{Communicator, SharedCommunicator};
@@ -152,56 +153,6 @@ impl CError {
     }
 }
 
-/// A byte range of a tensor the caller keeps alive for the call.
-#[derive(Clone, Copy)]
-struct Buf {
-    ptr: usize,
-    len: usize,
-}
-
-impl Buf {
-    fn new(ptr: *const c_void, len: usize) -> Result<Buf> {
-        if ptr.is_null() && len != 0 {
-            return Err(Error::InvalidArgument(
-                "null data pointer with a non-zero length".into(),
-            ));
-        }
-        Ok(Buf {
-            ptr: ptr as usize,
-            len,
-        })
-    }
-
-    /// # Safety
-    /// `ptr..ptr+len` must be readable and stay alive and unwritten by
-    /// others for `'a`.
-    unsafe fn slice<'a>(self) -> &'a [u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: non-null (checked in `new`) and valid per the contract.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
-    }
-
-    /// # Safety
-    /// As `slice`, and nobody else reads or writes the range during `'a`.
-    unsafe fn slice_mut<'a>(self) -> &'a mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: non-null (checked in `new`) and exclusively ours per the
-        // contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
-    }
-
-    fn overlaps(self, other: Buf) -> bool {
-        self.len > 0
-            && other.len > 0
-            && self.ptr < other.ptr + other.len
-            && other.ptr < self.ptr + self.len
-    }
-}
-
 /// Input and output buffers of an out-of-place collective, checked not to
 /// overlap.
 fn in_out(
@@ -209,14 +160,8 @@ fn in_out(
     in_len: usize,
     out: *mut c_void,
     out_len: usize,
-) -> Result<(Buf, Buf)> {
-    let (i, o) = (Buf::new(inp, in_len)?, Buf::new(out, out_len)?);
-    if i.overlaps(o) {
-        return Err(Error::InvalidArgument(
-            "input and output tensors overlap in memory".into(),
-        ));
-    }
-    Ok((i, o))
+) -> Result<(RawBuf, RawBuf)> {
+    buf::in_out(inp as usize, in_len, out as usize, out_len)
 }
 
 fn dtype(code: u32) -> Result<DType> {
@@ -295,7 +240,7 @@ unsafe extern "C" fn all_reduce(
         let (d, o, b) = (
             dtype(dtype_code)?,
             reduce_op(op_code)?,
-            Buf::new(buf, nbytes)?,
+            RawBuf::new(buf as usize, nbytes)?,
         );
         g.run(limit(timeout_ms), "all_reduce", move |c| {
             // SAFETY: the caller keeps the buffer alive and untouched during
@@ -386,7 +331,7 @@ unsafe extern "C" fn broadcast(
     let call = || -> Result<()> {
         // SAFETY: `g` is a live handle per the contract.
         let g = unsafe { group(g) }?;
-        let (d, b) = (dtype(dtype_code)?, Buf::new(buf, nbytes)?);
+        let (d, b) = (dtype(dtype_code)?, RawBuf::new(buf as usize, nbytes)?);
         g.run(limit(timeout_ms), "broadcast", move |c| {
             // SAFETY: as in all_reduce.
             let buf = unsafe { b.slice_mut() };

@@ -7,6 +7,7 @@ mod progress;
 mod registry;
 mod rpc;
 
+use core::buf::RawBuf;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use ringlet_core as core;
@@ -68,43 +69,8 @@ pub(crate) fn run<T: Send>(
 
 /// A byte range of memory owned by a Python object (a tensor or an array)
 /// that the caller keeps alive and does not touch during the call.
-#[derive(Clone, Copy)]
-struct RawBuf {
-    ptr: usize,
-    len: usize,
-}
-
-impl RawBuf {
-    fn new(ptr: usize, len: usize) -> PyResult<Self> {
-        if ptr == 0 && len != 0 {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "null data pointer with a non-zero length",
-            ));
-        }
-        Ok(RawBuf { ptr, len })
-    }
-
-    /// # Safety
-    /// `ptr..ptr+len` must be readable memory that stays alive and unwritten by
-    /// anyone else for the lifetime `'a`.
-    unsafe fn slice<'a>(self) -> &'a [u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: non-null (checked in `new`) and valid per the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
-    }
-
-    /// # Safety
-    /// As `slice`, and nothing else may read or write the range during `'a`.
-    unsafe fn slice_mut<'a>(self) -> &'a mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: non-null (checked in `new`) and exclusively ours per the
-        // caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
-    }
+pub(crate) fn raw_buf(ptr: usize, len: usize) -> PyResult<RawBuf> {
+    RawBuf::new(ptr, len).map_err(errors::to_pyerr)
 }
 
 /// The input and output buffers of an out-of-place collective, checked not
@@ -115,14 +81,7 @@ fn in_out(
     out_ptr: usize,
     out_len: usize,
 ) -> PyResult<(RawBuf, RawBuf)> {
-    let (a, b) = (RawBuf::new(in_ptr, in_len)?, RawBuf::new(out_ptr, out_len)?);
-    let overlap = a.len > 0 && b.len > 0 && a.ptr < b.ptr + b.len && b.ptr < a.ptr + a.len;
-    if overlap {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "input and output tensors overlap in memory",
-        ));
-    }
-    Ok((a, b))
+    core::buf::in_out(in_ptr, in_len, out_ptr, out_len).map_err(errors::to_pyerr)
 }
 
 /// A listening TCP socket; its port is published before connecting.
@@ -283,7 +242,7 @@ impl Communicator {
         dtype_name: &str,
         op_name: &str,
     ) -> PyResult<()> {
-        let (d, o, buf) = (dtype(dtype_name)?, op(op_name)?, RawBuf::new(ptr, nbytes)?);
+        let (d, o, buf) = (dtype(dtype_name)?, op(op_name)?, raw_buf(ptr, nbytes)?);
         // SAFETY: the Python wrapper passes the data pointer and byte size of a
         // contiguous CPU tensor it keeps referenced for the whole call.
         self.with(py, move |c| c.all_reduce(unsafe { buf.slice_mut() }, d, o))
@@ -352,7 +311,7 @@ impl Communicator {
         dtype_name: &str,
         root: usize,
     ) -> PyResult<()> {
-        let (d, buf) = (dtype(dtype_name)?, RawBuf::new(ptr, nbytes)?);
+        let (d, buf) = (dtype(dtype_name)?, raw_buf(ptr, nbytes)?);
         // SAFETY: as in all_reduce.
         self.with(py, move |c| {
             c.broadcast(unsafe { buf.slice_mut() }, d, root)
@@ -394,7 +353,7 @@ impl Communicator {
         peer: usize,
         tag: u32,
     ) -> PyResult<()> {
-        let (d, buf) = (dtype(dtype_name)?, RawBuf::new(ptr, nbytes)?);
+        let (d, buf) = (dtype(dtype_name)?, raw_buf(ptr, nbytes)?);
         // SAFETY: a contiguous CPU tensor kept alive by the Python wrapper for
         // the whole call; only read.
         self.with(py, move |c| c.send(unsafe { buf.slice() }, d, peer, tag))
@@ -409,7 +368,7 @@ impl Communicator {
         peer: usize,
         tag: u32,
     ) -> PyResult<()> {
-        let (d, buf) = (dtype(dtype_name)?, RawBuf::new(ptr, nbytes)?);
+        let (d, buf) = (dtype(dtype_name)?, raw_buf(ptr, nbytes)?);
         // SAFETY: as in all_reduce.
         self.with(py, move |c| {
             c.recv(unsafe { buf.slice_mut() }, d, peer, tag)

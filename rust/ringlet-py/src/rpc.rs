@@ -3,10 +3,11 @@
 //! the GIL only for the duration of that call. Every blocking call (connect,
 //! send, cross-memory fetch) runs with the GIL released through `run`.
 
-use crate::{run, RawBuf};
+use crate::{raw_buf, run};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use ringlet_core::buf::RawBuf;
 use ringlet_core::rpc::{self, Agent, AgentConfig, Handler, Incoming, ReplyTo};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -63,7 +64,7 @@ impl Handler for PyHandler {
 
 /// Tensors given as `(data_ptr, nbytes)` pairs, checked non-null.
 fn bufs(tensors: &[(usize, usize)]) -> PyResult<Vec<RawBuf>> {
-    tensors.iter().map(|&(p, n)| RawBuf::new(p, n)).collect()
+    tensors.iter().map(|&(p, n)| raw_buf(p, n)).collect()
 }
 
 /// One worker's RPC agent.
@@ -280,7 +281,7 @@ impl RpcMessage {
 
     /// Copies tensor `i` into the memory at `ptr` (`nbytes` long).
     fn fetch(&self, py: Python<'_>, i: usize, ptr: usize, nbytes: usize) -> PyResult<()> {
-        let dst = RawBuf::new(ptr, nbytes)?;
+        let dst = raw_buf(ptr, nbytes)?;
         run(py, move || {
             let g = self.msg.lock().unwrap_or_else(|p| p.into_inner());
             let m = g.as_ref().ok_or_else(|| {
