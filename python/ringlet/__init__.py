@@ -1,7 +1,13 @@
 """ringlet: collective communication for PyTorch.
 
-A Rust engine (shared memory within a host, TCP between hosts) behind
-torch_xla-style collectives. Launch with ``torchrun`` and call :func:`init`.
+A Rust engine (shared memory within a host, TCP between hosts) behind five
+front doors, one sub-package each over the shared core (``runtime``,
+``errors``, ``_engine``): :mod:`ringlet.xla` (torch_xla's collectives, SPMD
+sharding), :mod:`ringlet.distributed` (``init_process_group("ringlet")``),
+:mod:`ringlet.bagua` (tensor API, DDP), :mod:`ringlet.rpc`,
+:mod:`ringlet.checkpoint`; plus ``torch.ops.ringlet`` (:mod:`ringlet.ops`).
+The torch_xla-style collectives are also exported here. Launch with
+``torchrun`` and call :func:`init`.
 
 Example:
   >>> import torch, ringlet
@@ -9,8 +15,44 @@ Example:
   >>> ringlet.all_reduce(ringlet.REDUCE_SUM, torch.ones(3))
 """
 
-from . import _core, c10d, comm_hooks, ops, tensor
-from .collectives import (
+from . import _core, bagua, distributed, ops, xla
+
+# The modules' import paths from before the door sub-packages, bound here as they
+# were: each is the same module object as its new home (ringlet.c10d is
+# ringlet.distributed.c10d, ringlet.collectives is ringlet.xla.xla_model, ...).
+from . import _native as _native
+from . import c10d as c10d
+from . import collectives as collectives
+from . import comm_hooks as comm_hooks
+from . import ddp as ddp
+from . import tensor as tensor
+from .bagua.ddp import DistributedDataParallel
+from .errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    CommunicatorAbortedError,
+    NotInitializedError,
+    PeerLostError,
+    ReplicaGroupError,
+    RingletError,
+    ShardingSpecError,
+    TensorRegistrationError,
+    TensorStateError,
+)
+from .runtime import (
+    abort,
+    get_local_ordinal,
+    get_ordinal,
+    host_layout,
+    init,
+    is_initialized,
+    local_world_size,
+    peer_transports,
+    shutdown,
+    transport,
+    world_size,
+)
+from .xla.xla_model import (
     REDUCE_AND,
     REDUCE_MAX,
     REDUCE_MIN,
@@ -63,34 +105,8 @@ from .collectives import (
     xla_replication_devices,
     xrt_world_size,
 )
-from .collectives import (
+from .xla.xla_model import (
     _all_gather_using_all_reduce as _all_gather_using_all_reduce,
-)
-from .ddp import DistributedDataParallel
-from .errors import (
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    CommunicatorAbortedError,
-    NotInitializedError,
-    PeerLostError,
-    ReplicaGroupError,
-    RingletError,
-    ShardingSpecError,
-    TensorRegistrationError,
-    TensorStateError,
-)
-from .runtime import (
-    abort,
-    get_local_ordinal,
-    get_ordinal,
-    host_layout,
-    init,
-    is_initialized,
-    local_world_size,
-    peer_transports,
-    shutdown,
-    transport,
-    world_size,
 )
 
 __version__ = _core.__version__
@@ -99,6 +115,9 @@ c10d.register()  # init_process_group("ringlet")
 
 __all__ = [
     "abort",
+    "bagua",
+    "distributed",
+    "xla",
     "comm_hooks",
     "ops",
     "CoalescingBuckets",

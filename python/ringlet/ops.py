@@ -30,7 +30,6 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from . import collectives as _c
 from . import runtime
 from ._engine import (
     _world_all_gather,
@@ -38,6 +37,7 @@ from ._engine import (
     _world_broadcast,
     _world_reduce_scatter,
 )
+from .xla import xla_model as _c
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
 

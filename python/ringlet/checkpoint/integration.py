@@ -15,13 +15,30 @@ from typing import Any
 
 import torch
 
-from ..sharded_tensor import XLAShardedTensor, _rank_world, wrap_if_sharded
+from .. import runtime
 from .mapping import ShardedStateDict, ShardedTensor
 
 __all__ = ["sharded_state_dict", "sharded_tensor_mapping"]
 
+#: The attribute under which a tensor sharded in place (``mark_sharding`` on an
+#: ``nn.Parameter``) keeps the sharded tensor that describes its layout. That object,
+#: like any object with a ``sharded_checkpoint_tensor(key)`` method (an
+#: ``XLAShardedTensor``), gives its own checkpoint mapping; this module needs no more
+#: of the sharding layer than that.
+LAYOUT_ATTR = "_ringlet_sharded_tensor"
 
-def sharded_tensor_mapping(key: str, tensor: torch.Tensor | XLAShardedTensor) -> Any:
+
+def _layout_of(x: Any) -> Any:
+    """The object that maps ``x`` into a checkpoint itself, or None."""
+    owner = getattr(x, LAYOUT_ATTR, None) if isinstance(x, torch.Tensor) else x
+    return owner if callable(getattr(owner, "sharded_checkpoint_tensor", None)) else None
+
+
+def _rank() -> int:
+    return int(runtime.get_ordinal()) if runtime.is_initialized() else 0
+
+
+def sharded_tensor_mapping(key: str, tensor: Any) -> Any:
     """The checkpoint mapping of one (possibly sharded) tensor.
 
     Args:
@@ -37,13 +54,12 @@ def sharded_tensor_mapping(key: str, tensor: torch.Tensor | XLAShardedTensor) ->
         >>> sd = {"step_scale": sharded_tensor_mapping("step_scale", torch.ones(3))}
         >>> ringlet.checkpoint.save(sd, "/tmp/ckpt")
     """
-    sharded = wrap_if_sharded(tensor)
-    if isinstance(sharded, XLAShardedTensor):
-        return sharded.sharded_checkpoint_tensor(key)
+    layout = _layout_of(tensor)
+    if layout is not None:
+        return layout.sharded_checkpoint_tensor(key)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{key!r}: expected a tensor, got {type(tensor).__name__}")
-    rank, _ = _rank_world()
-    return ShardedTensor.from_rank_offsets(key, tensor.detach(), replica_id=rank)
+    return ShardedTensor.from_rank_offsets(key, tensor.detach(), replica_id=_rank())
 
 
 def sharded_state_dict(module: torch.nn.Module, prefix: str = "") -> ShardedStateDict:

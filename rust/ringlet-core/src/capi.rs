@@ -1,5 +1,5 @@
 //! A C ABI over one process group's communicator and progress queue: what the
-//! C++ `torch.distributed` Backend (`python/ringlet/csrc/backend.cpp`) calls
+//! C++ `torch.distributed` Backend (`python/ringlet/distributed/csrc/backend.cpp`) calls
 //! for its hot collectives, with no Python in between.
 //!
 //! The C++ side never links against this library. Python hands it the
@@ -446,7 +446,7 @@ unsafe extern "C" fn group_free(g: *mut NativeGroup) {
 }
 
 /// The functions the C++ Backend calls, in this order (mirrored by the
-/// `RingletCApi` struct in `python/ringlet/csrc/ringlet_capi.h`).
+/// `RingletCApi` struct in `python/ringlet/distributed/csrc/ringlet_capi.h`).
 #[repr(C)]
 pub struct RingletCApi {
     /// [`RINGLET_CAPI_VERSION`].

@@ -2,7 +2,7 @@
 // the in-place operator torch.ops.ringlet.all_reduce_.
 //
 // Compiled against the user's installed torch at first use
-// (ringlet/_native.py, torch.utils.cpp_extension) and cached: libtorch's C++
+// (ringlet/distributed/_native.py, torch.utils.cpp_extension) and cached: libtorch's C++
 // ABI differs between torch versions, and the wheel accepts a range of them.
 //
 // The Backend is a thin shell around the Python process group
@@ -254,7 +254,7 @@ class __attribute__((visibility("hidden"))) RingletBackend : public Backend {
                     api_->size == sizeof(RingletCApi),
                 "ringlet: the engine's C ABI table does not match this build of the native "
                 "backend (rebuild it: it is cached by the source's hash)");
-    native_error_ = py::module_::import("ringlet._native").attr("native_error");
+    native_error_ = py::module_::import("ringlet.distributed.c10d").attr("native_error");
     init();
   }
 
@@ -719,7 +719,7 @@ c10::intrusive_ptr<RingletBackend> backend_for(c10::string_view name) {
   }
   py::gil_scoped_acquire gil;
   py::object b =
-      py::module_::import("ringlet._native").attr("backend_of")(std::string(name));
+      py::module_::import("ringlet.distributed.c10d").attr("backend_of")(std::string(name));
   auto found = b.cast<c10::intrusive_ptr<RingletBackend>>();
   std::lock_guard<std::mutex> lock(g_mutex);
   g_backend = found;
