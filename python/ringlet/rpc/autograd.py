@@ -25,63 +25,36 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
 
-from . import api as _api
+from . import _agent
 
-__all__ = ["backward", "context", "get_gradients", "is_available"]
+# The records of the contexts live in _dist_context (the message layer writes
+# them); RecvRpc, _record_send, _record_recv and _recv_node stay importable here
+# (RecvRpc in __all__: still documented with this module).
+from ._dist_context import RecvRpc as RecvRpc
+from ._dist_context import (
+    _Context,
+    _contexts,
+    _current_id,
+    _ensure,
+    _find,
+    _get,
+    _lock,
+    _tls,
+    _using,
+)
+from ._dist_context import _record_recv as _record_recv
+from ._dist_context import _record_send as _record_send
+from ._dist_context import _recv_node as _recv_node
+
+__all__ = ["RecvRpc", "backward", "context", "get_gradients", "is_available"]
 
 _ids = itertools.count()  # torch's first context id on worker r is r << 48
 _passes = itertools.count()
-_lock = threading.Lock()
-_tls = threading.local()
-
-
-class _Context:
-    def __init__(self, cid: int) -> None:
-        self.id = cid
-        self.lock = threading.Lock()
-        self.sends: dict[Any, list[torch.Tensor]] = {}
-        self.recv_of: dict[int, tuple[int, Any, int]] = {}
-        self.keep: list[torch.Tensor] = []
-        self.grads: dict[torch.Tensor, torch.Tensor] = {}
-        self.peers: set[int] = set()
-        # Workers this one sent a message of the context to (torch's known
-        # worker ids: requests, and responses that carry tensors with grad).
-        self.known: set[int] = set()
-        # Graph nodes a backward pass without retain_graph went through
-        # (node -> pass): another pass through one that saved tensors fails
-        # as torch's freed graph does.
-        self.freed: dict[Any, Any] = {}
-
-
-_contexts: dict[int, _Context] = {}
-
-
-def _current_id() -> Optional[int]:
-    return getattr(_tls, "cur", None)
-
-
-@contextlib.contextmanager
-def _using(cid: Optional[int]) -> Iterator[None]:
-    prev = getattr(_tls, "cur", None)
-    _tls.cur = cid
-    try:
-        yield
-    finally:
-        _tls.cur = prev
-
-
-def _ensure(cid: int) -> _Context:
-    with _lock:
-        ctx = _contexts.get(cid)
-        if ctx is None:
-            ctx = _contexts[cid] = _Context(cid)
-        return ctx
 
 
 def is_available() -> bool:
@@ -96,64 +69,6 @@ def is_available() -> bool:
         True
     """
     return True
-
-
-def _find(cid: int) -> Optional[_Context]:
-    with _lock:
-        return _contexts.get(cid)
-
-
-def _get(cid: int) -> _Context:
-    ctx = _find(cid)
-    if ctx is None:
-        raise RuntimeError(f"Could not find autograd context with id: {cid}")
-    return ctx
-
-
-def _record_send(cid: int, key: Any, dest: int, tensors: list[torch.Tensor],
-                 known: bool = True) -> None:
-    ctx = _ensure(cid)
-    with ctx.lock:
-        ctx.peers.add(dest)
-        if known:
-            ctx.known.add(dest)
-        if tensors:
-            ctx.sends[key] = tensors
-
-
-class RecvRpc(torch.autograd.Function):
-    """The node a received tensor hangs from (its ``grad_fn`` is a
-    ``RecvRpcBackward``, as torch's): the gradient flows to the node's input,
-    the message's recv leaf, whose gradient the backward pass sends to the
-    tensor's sender."""
-
-    @staticmethod
-    def forward(ctx: Any, leaf: torch.Tensor, holder: list[torch.Tensor]) -> torch.Tensor:
-        # The received tensor travels in a list: returned as an input it
-        # would come out as a view of itself (and refuse in-place changes).
-        return holder[0]
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
-def _recv_node(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Makes the received tensor ``t`` (not requiring grad) a graph node;
-    returns it and its recv leaf."""
-    leaf = torch.empty_strided(t.shape, (0,) * t.dim(), dtype=t.dtype).requires_grad_()
-    with torch.enable_grad():  # torch attaches the node whatever the grad mode
-        out = RecvRpc.apply(leaf, [t])
-    return out, leaf
-
-
-def _record_recv(cid: int, sender: int, key: Any, leaves: list[torch.Tensor]) -> None:
-    ctx = _ensure(cid)
-    with ctx.lock:
-        ctx.peers.add(sender)
-        for i, leaf in enumerate(leaves):
-            ctx.recv_of[id(leaf)] = (sender, key, i)
-            ctx.keep.append(leaf)
 
 
 class DistAutogradContext:
@@ -236,7 +151,7 @@ def _get_max_id() -> int:
         >>> dist_autograd._get_max_id() >> 48 == rpc.get_worker_info().id
         True
     """
-    return (_api._require().me.id << 48) + (1 << 48) - 1
+    return (_agent._require().me.id << 48) + (1 << 48) - 1
 
 
 def _new_context() -> DistAutogradContext:
@@ -254,7 +169,7 @@ def _new_context() -> DistAutogradContext:
         >>> ctx = dist_autograd._new_context()
         >>> dist_autograd._release_context(ctx._context_id())
     """
-    st = _api._require()
+    st = _agent._require()
     if _current_id() is not None:
         raise RuntimeError("Already have an autograd context id for this thread.")
     cid = (st.me.id << 48) | next(_ids)
@@ -308,7 +223,7 @@ def context() -> Iterator[int]:
         ...     dist_autograd.backward(context_id, [loss])
         ...     grads = dist_autograd.get_gradients(context_id)  # {t1: ones, t2: ones}
     """
-    st = _api._require()
+    st = _agent._require()
     if _current_id() is not None:
         raise RuntimeError("Already have an autograd context id for this thread.")
     cid = (st.me.id << 48) | next(_ids)
@@ -327,7 +242,7 @@ def _release(cid: int, notified: frozenset[int] = frozenset()) -> None:
         ctx = _contexts.pop(cid, None)
     if ctx is None:
         return
-    st = _api._state
+    st = _agent._state
     if st is None or st.agent is None:
         return
     todo = [p for p in ctx.peers if p != st.me.id and p not in notified]
@@ -336,7 +251,7 @@ def _release(cid: int, notified: frozenset[int] = frozenset()) -> None:
     with _using(None):
         for peer in todo:
             try:
-                futs.append(_api._send(st.workers[peer], ("call", _release, (cid, told), {}), 0))
+                futs.append(_agent._send(st.workers[peer], ("call", _release, (cid, told), {}), 0))
             except Exception:
                 pass  # the peer is gone: nothing to free there
     for f in futs:  # freed everywhere when the context's `with` block ends
@@ -402,7 +317,7 @@ def _check_not_freed(ctx: _Context, nodes: set[Any], pass_id: Any) -> None:
     with ctx.lock:
         stale = [n for n in nodes if ctx.freed.get(n, pass_id) != pass_id]
     if any(_saves_tensors(n) for n in stale):
-        me = _api._require().me.id
+        me = _agent._require().me.id
         raise RuntimeError(
             f"Error on Node {me}: Trying to backward through the graph a second time (or "
             "directly access saved tensors after they have already been freed). Saved "
@@ -443,11 +358,12 @@ def _backprop(ctx: _Context, tensors: list[torch.Tensor], grads: list[Optional[t
             else:
                 sender, key, i = src
                 outgoing.setdefault((sender, key), {})[i] = g
-    st = _api._require()
+    st = _agent._require()
     with _using(None):
-        futs = [_api._send(st.workers[sender],
-                           ("call", _backward_step, (ctx.id, key, g, retain_graph, pass_id), {}),
-                           0)
+        futs = [_agent._send(st.workers[sender],
+                             ("call", _backward_step, (ctx.id, key, g, retain_graph, pass_id),
+                              {}),
+                             0)
                 for (sender, key), g in outgoing.items()]
         failed = [r for r in [f.wait() for f in futs] if r is not None]
     if failed:
@@ -468,7 +384,7 @@ def _backward_step(cid: int, key: Any, grads: dict[int, torch.Tensor], retain_gr
         _backprop(ctx, tensors, [grads.get(i) for i in range(len(tensors))], retain_graph,
                   pass_id)
     except Exception as e:
-        prefix = f"Error on Node {_api._require().me.id}: "
+        prefix = f"Error on Node {_agent._require().me.id}: "
         return str(e) if str(e).startswith(prefix) else prefix + str(e)
     return None
 
@@ -513,7 +429,7 @@ def backward(context_id: int, roots: list[torch.Tensor], retain_graph: bool = Fa
             raise RuntimeError(" is not a scalar, all roots need to be scalar")
         if r.grad_fn is None:
             raise RuntimeError(" does not have a valid gradient function.")
-    pass_id = (_api._require().me.id, next(_passes))
+    pass_id = (_agent._require().me.id, next(_passes))
     _backprop(ctx, roots, [torch.ones_like(r) for r in roots], retain_graph, pass_id)
 
 

@@ -34,7 +34,9 @@ from typing import Any, Generic, Optional, TypeVar
 import torch
 from torch.futures import Future
 
-from . import api as _api
+from . import _agent
+from . import autograd as _autograd
+from .constants import UNSET_RPC_TIMEOUT
 from .functions import async_execution
 
 __all__ = ["RRef"]
@@ -68,7 +70,7 @@ _deleter: Optional[threading.Thread] = None
 
 
 def _new_id() -> tuple[int, int]:
-    return (_api._require().me.id, next(_ids))
+    return (_agent._require().me.id, next(_ids))
 
 
 def _lookup(rid: tuple[int, int]) -> Optional[_Entry]:
@@ -144,7 +146,7 @@ def _handle(kind: str, body: tuple[Any, ...], sender: int) -> Any:
         if fid is not None:
             _change_fork(rid, fid, +1, e)
         try:
-            is_async, out = _api._run_call(*inner[1:])
+            is_async, out = _agent._run_call(*inner[1:])
         except BaseException as exc:
             if not e.fut.done():
                 e.fut.set_exception(exc)
@@ -214,7 +216,7 @@ class RRef(Generic[T]):
     _type: Optional[type] = None  # the value's type, once asked for
 
     def __init__(self, value: Any = None, type_hint: Optional[type] = None) -> None:
-        st = _api._current_agent_state()
+        st = _agent._current_agent_state()
         if type_hint is not None and not isinstance(value, torch.jit.ScriptModule):
             raise RuntimeError("type_hint should only be specified when the RRef being created "
                                "contains a ScriptModule.")
@@ -235,7 +237,7 @@ class RRef(Generic[T]):
     @classmethod
     def _owner_ref(cls, rid: tuple[int, int], entry: _Entry) -> RRef[Any]:
         r = cls.__new__(cls)
-        r._owner, r._rid, r._fid, r._entry = _api._require().me.id, rid, None, entry
+        r._owner, r._rid, r._fid, r._entry = _agent._require().me.id, rid, None, entry
         r._confirm, r._deleted = None, False
         with _lock:
             _local_entries[rid] = entry
@@ -253,22 +255,22 @@ class RRef(Generic[T]):
     @classmethod
     def _remote(cls, to: Any, body: tuple[Any, ...], timeout: float,
                 keep: Any = None) -> RRef[Any]:
-        st = _api._require()
+        st = _agent._require()
         rid = _new_id()
         if to.id == st.me.id:
             e = _get_or_create(rid)
             r = cls._owner_ref(rid, e)
-            r._confirm = _api._send(to, ("remote", rid, None, body), timeout, keep)
+            r._confirm = _agent._send(to, ("remote", rid, None, body), timeout, keep)
             return r
         fid = _new_id()
         r = cls._user_ref(to.id, rid, fid, None)
-        r._confirm = _api._send(to, ("remote", rid, fid, body), timeout, keep)
+        r._confirm = _agent._send(to, ("remote", rid, fid, body), timeout, keep)
         return r
 
     @classmethod
     def _from_fork(cls, owner: int, rid: tuple[int, int], fid: Optional[tuple[int, int]],
                    ) -> RRef[Any]:
-        st = _api._require()
+        st = _agent._require()
         rid, fid = tuple(rid), (tuple(fid) if fid is not None else None)  # type: ignore[assignment]
         if owner == st.me.id:
             # Known, or about to be created by a remote() still running here.
@@ -284,7 +286,7 @@ class RRef(Generic[T]):
         """Registers the copy about to be sent to ``dest``; returns what the
         message carries."""
         self._check_live()
-        keep = getattr(_api._local, "keep", None)
+        keep = getattr(_agent._local, "keep", None)
         if dest == self._owner and keep is not None:
             keep.append(self)  # a request to the owner: our own fork covers it
             return (self._owner, self._rid, None)
@@ -292,8 +294,8 @@ class RRef(Generic[T]):
         if self._entry is not None:
             _change_fork(self._rid, fid, +1, self._entry)
         else:
-            owner = _api._require().workers[self._owner]
-            _api._send_sync(owner, ("fork", self._rid, fid), _api.UNSET_RPC_TIMEOUT)
+            owner = _agent._require().workers[self._owner]
+            _agent._send_sync(owner, ("fork", self._rid, fid), UNSET_RPC_TIMEOUT)
         return (self._owner, self._rid, fid)
 
     def _check_live(self) -> None:
@@ -315,7 +317,7 @@ class RRef(Generic[T]):
                     "on the owner node does not exist.") from None
             raise
 
-    def _get_type(self, timeout: float = _api.UNSET_RPC_TIMEOUT, blocking: bool = True) -> Any:
+    def _get_type(self, timeout: float = UNSET_RPC_TIMEOUT, blocking: bool = True) -> Any:
         """The type of the value (asked of the owner once, then remembered).
 
         Args:
@@ -336,8 +338,8 @@ class RRef(Generic[T]):
             if self._entry is not None:
                 fut = _chain(self._entry.fut, type)
             else:
-                fut = _api._send(self.owner(), ("type", self._rid), timeout, self,
-                                 torch_exc=True)
+                fut = _agent._send(self.owner(), ("type", self._rid), timeout, self,
+                                   torch_exc=True)
 
             def remember(t: type) -> type:
                 self._type = t
@@ -374,7 +376,7 @@ class RRef(Generic[T]):
             >>> rpc.remote("worker1", min, args=(1, 2)).owner()
             WorkerInfo(id=1, name=worker1)
         """
-        return _api._require().workers[self._owner]
+        return _agent._require().workers[self._owner]
 
     def owner_name(self) -> str:
         """The owner's worker name.
@@ -428,13 +430,13 @@ class RRef(Generic[T]):
             tensor([1., 1.])
         """
         if self._entry is None:
-            me = _api._require().me
+            me = _agent._require().me
             raise RuntimeError(
                 f"For {self!r}, can't call localValue() on user {me}. "
                 f"Call it on owner {self.owner()}")
         return self._entry.fut.wait()
 
-    def to_here(self, timeout: float = _api.UNSET_RPC_TIMEOUT) -> Any:
+    def to_here(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         """Copies the value from the owner (blocking).
 
         Args:
@@ -455,12 +457,12 @@ class RRef(Generic[T]):
             return self._entry.fut.wait()
         to = self.owner()
         try:
-            return _api._send_sync(to, ("fetch", self._rid), timeout, self)
+            return _agent._send_sync(to, ("fetch", self._rid), timeout, self)
         finally:
             if c is not None:
                 # The owner may answer the fetch before the creation's own
                 # reply: confirmed once to_here returns, whatever its outcome.
-                _api._wait_all([c], _api._timeout_of(_api._require(), timeout) or 60.0)
+                _agent._wait_all([c], _agent._timeout_of(_agent._require(), timeout) or 60.0)
 
     def _get_future(self) -> Future:
         """The creation future (torch's private name)."""
@@ -491,20 +493,18 @@ class RRef(Generic[T]):
             ...     rref = rpc.remote("worker1", loss_fn, args=(x,))
             ...     rref.backward(context_id)
         """
-        from . import autograd as _autograd
-
         if self.is_owner():
             _rref_backward(self, dist_autograd_ctx_id, retain_graph)
             return
         if dist_autograd_ctx_id == -1:
             raise RuntimeError("User RRefs require 'dist_autograd_ctx_id' to be specified")
         with _autograd._using(None):
-            _api._send_sync(self.owner(), ("call", _rref_backward,
-                                           (self, dist_autograd_ctx_id, retain_graph), {}),
-                            _api.UNSET_RPC_TIMEOUT, self)
+            _agent._send_sync(self.owner(), ("call", _rref_backward,
+                                             (self, dist_autograd_ctx_id, retain_graph), {}),
+                              UNSET_RPC_TIMEOUT, self)
 
     # ------------------------------------------------------------- proxies
-    def rpc_sync(self, timeout: float = _api.UNSET_RPC_TIMEOUT) -> Any:
+    def rpc_sync(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         """A proxy: ``rref.rpc_sync().method(*args)`` runs
         ``value.method(*args)`` on the owner and returns the result.
 
@@ -522,7 +522,7 @@ class RRef(Generic[T]):
         """
         return _Proxy(self, "sync", timeout)
 
-    def rpc_async(self, timeout: float = _api.UNSET_RPC_TIMEOUT) -> Any:
+    def rpc_async(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         """A proxy whose method calls return ``torch.futures.Future``\\ s.
 
         Args:
@@ -538,7 +538,7 @@ class RRef(Generic[T]):
         """
         return _Proxy(self, "async", timeout)
 
-    def remote(self, timeout: float = _api.UNSET_RPC_TIMEOUT) -> Any:
+    def remote(self, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
         """A proxy whose method calls return an ``RRef`` to the result, owned
         by this RRef's owner.
 
@@ -578,8 +578,6 @@ class RRef(Generic[T]):
 
 
 def _rref_backward(rref: RRef[Any], cid: int, retain_graph: bool) -> None:
-    from . import autograd as _autograd
-
     value = rref.local_value()
     if cid == -1:
         value.backward(retain_graph=retain_graph)
@@ -615,9 +613,7 @@ class _Proxy:
                 body = ("call", func, (rref, name, args, kwargs), {})
                 if mode == "remote":
                     return RRef._remote(to, body, timeout, rref)
-                return _api._send_sync(to, body, timeout, rref, torch_exc=True)
-            from . import autograd as _autograd
-
+                return _agent._send_sync(to, body, timeout, rref, torch_exc=True)
             result: Future = Future()
             cid = _autograd._current_id()
 
@@ -625,8 +621,8 @@ class _Proxy:
                 try:
                     func = _invoke_func(f.wait(), name)
                     with _autograd._using(cid):
-                        inner = _api._send(to, ("call", func, (rref, name, args, kwargs), {}),
-                                           timeout, rref, torch_exc=True)
+                        inner = _agent._send(to, ("call", func, (rref, name, args, kwargs), {}),
+                                             timeout, rref, torch_exc=True)
                 except BaseException as e:
                     result.set_exception(e)
                     return
@@ -659,14 +655,14 @@ def _deleter_loop() -> None:
             item.set()
             continue
         owner, rid, fid = item
-        st = _api._state
+        st = _agent._state
         if st is None or st.agent is None:
             continue
         try:
             if owner == st.me.id:
                 _change_fork(rid, fid, -1)
                 continue
-            f = _api._send(st.workers[owner], ("del", rid, fid), 0)
+            f = _agent._send(st.workers[owner], ("del", rid, fid), 0)
         except Exception:
             continue
         with _lock:
@@ -712,3 +708,16 @@ def _stop() -> None:
     with _lock:
         _owners.clear()
         _del_futs.clear()
+
+
+# ------------------------------------------------------- the agent's hooks
+
+
+def _reduce_rref(r: RRef[Any]) -> Any:
+    """Pickles an RRef into a message (``_agent._local.dest``: its destination)."""
+    return (RRef._from_fork, r._fork_for(_agent._local.dest))
+
+
+# What this module serves the agent: the RRef requests, and RRefs in messages.
+_agent._register_kinds(("remote", "fetch", "type", "fork", "del"), _handle)
+_agent._register_reducer(RRef, _reduce_rref)
