@@ -1,0 +1,187 @@
+"""The package is laid out by front door, its imports only point down, and the
+modules' earlier import paths still work (each is the same module object)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import ringlet
+
+ROOT = pathlib.Path(ringlet.__file__).parent
+
+# Earlier import path -> the module's home since the door sub-packages.
+OLD_PATHS = {
+    "ringlet.collectives": "ringlet.xla.xla_model",
+    "ringlet.sharding": "ringlet.xla.sharding",
+    "ringlet.sharded_tensor": "ringlet.xla.sharded_tensor",
+    "ringlet.c10d": "ringlet.distributed.c10d",
+    "ringlet._native": "ringlet.distributed._native",
+    "ringlet.tensor": "ringlet.bagua.tensor",
+    "ringlet.ddp": "ringlet.bagua.ddp",
+    "ringlet.comm_hooks": "ringlet.bagua.comm_hooks",
+    "ringlet.compat.bagua": "ringlet.bagua.compat",
+    "ringlet.soak": "ringlet.bench.soak",
+}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("ringlet", *path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    for stub in ROOT.glob("*.pyi"):  # the native module
+        out[f"ringlet.{stub.stem}"] = stub
+    return out
+
+
+def _imports_of(tree: ast.AST, package: str, mods: dict[str, pathlib.Path]) -> set[str]:
+    """The ringlet modules a module imports, at module level or inside a function
+    (imports under ``if TYPE_CHECKING:`` are left out)."""
+    edges: set[str] = set()
+    todo = [tree]
+    while todo:
+        for child in ast.iter_child_nodes(todo.pop()):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (child.level - 1)]
+                    base_name = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    base_name = child.module or ""
+                for alias in child.names:
+                    sub = f"{base_name}.{alias.name}"
+                    edges.add(sub if sub in mods else base_name)
+            elif isinstance(child, ast.Import):
+                edges.update(a.name for a in child.names)
+            todo.append(child)
+    return {e for e in edges if e in mods}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the ringlet modules it imports."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        if path.suffix == ".pyi":
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = _imports_of(ast.parse(path.read_text()), package, mods) - {name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state:
+                found = dfs(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = dfs(node)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles() -> None:
+    graph = _import_graph()
+    assert "ringlet.xla.sharded_tensor" in graph["ringlet.xla.sharding"]  # the graph is real
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_lower_layers_do_not_import_doors() -> None:
+    graph = _import_graph()
+    core = {"ringlet.runtime", "ringlet.errors", "ringlet._engine", "ringlet.checkpoint.mapping",
+            "ringlet.checkpoint.integration", "ringlet.xla.mesh"}
+    doors = ("ringlet.xla.sharded_tensor", "ringlet.xla.sharding", "ringlet.distributed",
+             "ringlet.bagua", "ringlet.rpc", "ringlet.ops")
+    for low in core:
+        bad = sorted(m for m in graph[low] if m.startswith(doors))
+        assert not bad, f"{low} imports {bad}"
+
+
+@pytest.mark.parametrize("old,new", sorted(OLD_PATHS.items()))
+def test_old_import_paths_are_the_new_modules(old: str, new: str) -> None:
+    assert importlib.import_module(old) is importlib.import_module(new)
+    parent, _, leaf = old.rpartition(".")
+    assert getattr(importlib.import_module(parent), leaf) is importlib.import_module(new)
+
+
+def test_old_paths_in_a_fresh_process() -> None:
+    # Each old path imported first thing in a new interpreter (no import ringlet before it),
+    # with the names users import from it.
+    script = "\n".join([
+        "import sys",
+        "from ringlet.sharding import Mesh, ShardingSpec, mark_sharding, XLAShardedTensor",
+        "from ringlet.c10d import ProcessGroupRinglet, backend_kind",
+        "from ringlet.collectives import all_reduce, REDUCE_SUM",
+        "from ringlet.tensor import get_module",
+        "import ringlet.compat.bagua, ringlet.sharded_tensor, ringlet.soak",
+        "from ringlet.checkpoint import sharded_state_dict, save",
+        "import ringlet",
+        "assert ringlet.c10d is ringlet.distributed.c10d is sys.modules['ringlet.c10d']",
+        "assert ringlet.collectives.all_reduce is ringlet.all_reduce is ringlet.xla.all_reduce",
+        "assert ringlet.sharding.mark_sharding is ringlet.xla.sharded_tensor.mark_sharding",
+        "assert ringlet.ddp.DistributedDataParallel is ringlet.DistributedDataParallel",
+        "print('ok')",
+    ])
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_python_m_ringlet_soak_still_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "ringlet.soak", "--help"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "python -m ringlet.soak" in out.stdout
+
+
+def test_sharded_parameters_give_their_own_checkpoint_mapping() -> None:
+    # The checkpoint layer knows sharded tensors only through LAYOUT_ATTR and
+    # sharded_checkpoint_tensor(key); plain tensors are replicated (rank 0 writes them).
+    from ringlet.checkpoint import ShardedTensor, integration
+
+    class Layout:
+        def sharded_checkpoint_tensor(self, key: str) -> str:
+            return f"mapping of {key}"
+
+    t = torch_tensor()
+    setattr(t, integration.LAYOUT_ATTR, Layout())
+    assert integration.sharded_tensor_mapping("w", t) == "mapping of w"
+    assert integration.sharded_tensor_mapping("l", Layout()) == "mapping of l"
+    plain = integration.sharded_tensor_mapping("b", torch_tensor())
+    assert isinstance(plain, ShardedTensor) and plain.replica_id == 0
+    with pytest.raises(TypeError, match="expected a tensor"):
+        integration.sharded_tensor_mapping("x", 3)
+
+
+def torch_tensor() -> Any:
+    import torch
+
+    return torch.arange(4.0)
