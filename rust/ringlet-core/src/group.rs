@@ -4,7 +4,7 @@
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::fault::{self, Tripwire};
-use crate::hierarchy::Levels;
+use crate::plan::Plan;
 use crate::transport::shm::ShmGroup;
 use crate::transport::tcp::TcpMesh;
 use crate::transport::{OpDesc, OpKind, WaitPolicy};
@@ -99,6 +99,17 @@ pub(crate) enum Link {
     Shm { shm: Box<ShmGroup>, _tcp: TcpMesh },
     /// TCP streams between every pair.
     Tcp(TcpMesh),
+}
+
+/// The host level of a communicator that spans hosts (attached with
+/// `attach_levels`; the two-level collectives in `hierarchy` run on it).
+pub(crate) struct Levels {
+    /// This host's ranks (shared memory; a world of one on a one-rank host).
+    pub(crate) local: Communicator,
+    /// Where every rank sits and which channels it carries.
+    pub(crate) plan: Plan,
+    /// Scratch buffers kept between calls (no page faults on hot paths).
+    pub(crate) pool: Vec<Vec<u64>>,
 }
 
 /// One rank's endpoint in a group of ranks.

@@ -1,26 +1,18 @@
-//! Broadcast: every rank's buffer becomes a copy of the root's.
-//!
-//! Shared memory: staged pieces through the root's slot (one phase per piece),
-//! or, for large buffers with cross-memory attach, every rank copies straight
-//! out of the root's buffer (a second phase releases it).
-//!
-//! TCP: the root sends the buffer to every peer at once; `transfer` keeps all
-//! streams busy together.
+//! Broadcast: every rank's buffer becomes a copy of the root's. The entry
+//! point checks the arguments, then runs the two-level broadcast
+//! (`hierarchy::broadcast`) on a communicator with levels, else the flat one
+//! (`flat::broadcast`).
 
-use super::{pieces, streams};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::group::{Communicator, Config, Link};
-use crate::transport::shm::ShmGroup;
-use crate::transport::tcp::{TcpMesh, Xfer};
-use crate::transport::{OpDesc, OpKind};
+use crate::group::Communicator;
 
 const OP: &str = "broadcast";
 
 impl Communicator {
     /// Copies `root`'s `buf` into every rank's `buf`.
     pub fn broadcast(&mut self, buf: &mut [u8], dtype: DType, root: usize) -> Result<()> {
-        let count = super::elements(buf.len(), dtype, OP)?;
+        super::elements(buf.len(), dtype, OP)?;
         if root >= self.size() {
             return Err(Error::InvalidArgument(format!(
                 "rank {}: broadcast root {root} is out of range for {} ranks",
@@ -31,110 +23,6 @@ impl Communicator {
         if self.levels.is_some() {
             return self.broadcast_levels(buf, dtype, root);
         }
-        self.guarded(|c| {
-            let desc = c.next_desc(OpKind::Broadcast, dtype, None, count, root);
-            match &mut c.link {
-                Link::Local => Ok(()),
-                Link::Shm { shm, .. } => {
-                    let side = Side::of(shm.rank() == root, buf);
-                    shm_broadcast(shm, &c.cfg, desc, side, dtype, root)
-                }
-                Link::Tcp(mesh) => {
-                    mesh.agree(&desc, c.cfg.timeout)?;
-                    let side = Side::of(mesh.rank() == root, buf);
-                    tcp_broadcast(mesh, &c.cfg, side, root, OP)
-                }
-            }
-        })
-    }
-}
-
-/// One rank's part in a one-to-all copy: the root only reads its buffer,
-/// everyone else only writes theirs.
-pub(super) enum Side<'a> {
-    Root(&'a [u8]),
-    Leaf(&'a mut [u8]),
-}
-
-impl<'a> Side<'a> {
-    pub(super) fn of(is_root: bool, buf: &'a mut [u8]) -> Self {
-        if is_root {
-            Side::Root(buf)
-        } else {
-            Side::Leaf(buf)
-        }
-    }
-
-    pub(super) fn len(&self) -> usize {
-        match self {
-            Side::Root(b) => b.len(),
-            Side::Leaf(b) => b.len(),
-        }
-    }
-}
-
-/// Copies the root's buffer into every other rank's (shared memory).
-pub(super) fn shm_broadcast(
-    shm: &mut ShmGroup,
-    cfg: &Config,
-    mut desc: OpDesc,
-    mut side: Side<'_>,
-    dtype: DType,
-    root: usize,
-) -> Result<()> {
-    let op = desc.kind.name();
-    if shm.cma() && side.len() >= cfg.cma_threshold {
-        if let Side::Root(b) = &side {
-            desc.addr = b.as_ptr() as u64;
-        }
-        shm.next_half();
-        shm.arrive(&desc)?;
-        if let Side::Leaf(b) = &mut side {
-            let addr = shm.peer_desc(root)?.addr;
-            shm.read_peer(root, addr, b, op)?;
-        }
-        return shm.sync(op);
-    }
-    let stream = streams(side.len());
-    for (k, piece) in pieces(side.len(), shm.half_bytes(), dtype.size())
-        .into_iter()
-        .enumerate()
-    {
-        shm.next_half();
-        if let Side::Root(b) = &side {
-            shm.put(0, &b[piece.clone()]);
-        }
-        if k == 0 {
-            shm.arrive(&desc)?;
-        } else {
-            shm.sync(op)?;
-        }
-        if let Side::Leaf(b) = &mut side {
-            shm.get_out(root, 0, &mut b[piece], stream);
-        }
-    }
-    Ok(())
-}
-
-/// Copies the root's buffer into every other rank's (TCP).
-pub(super) fn tcp_broadcast(
-    mesh: &TcpMesh,
-    cfg: &Config,
-    side: Side<'_>,
-    root: usize,
-    op: &'static str,
-) -> Result<()> {
-    match side {
-        Side::Root(b) if !b.is_empty() => {
-            let mut x: Vec<Xfer> = (0..mesh.size())
-                .filter(|&j| j != root)
-                .map(|j| Xfer::send(j, b))
-                .collect();
-            mesh.transfer(&mut x, op, cfg.timeout)
-        }
-        Side::Leaf(b) if !b.is_empty() => {
-            mesh.transfer(&mut [Xfer::recv(root, b)], op, cfg.timeout)
-        }
-        _ => Ok(()),
+        self.broadcast_flat(buf, dtype, root)
     }
 }

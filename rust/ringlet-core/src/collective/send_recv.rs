@@ -7,9 +7,9 @@
 //! paths as broadcast (staged slots or a single-copy read on shared memory,
 //! one stream on TCP). A send returns once the receiver holds the data.
 
-use super::broadcast::{shm_broadcast, tcp_broadcast, Side};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::flat::broadcast::{shm_broadcast, tcp_broadcast, Side};
 use crate::group::{Communicator, Link};
 use crate::transport::OpKind;
 

@@ -112,7 +112,7 @@ impl LocalSide for Side<'_, '_> {
             Some(v) => &bytemuck::cast_slice(v)[..q * esz],
             None => mine,
         };
-        local.all_gather(own, bytes(&mut stage, l * q * esz), self.dtype)?;
+        local.all_gather_flat(own, bytes(&mut stage, l * q * esz), self.dtype)?;
         self.scatter(plan.host, bytemuck::cast_slice(&stage), start, real);
         give(self.pool, [stage]);
         let theirs: usize = (0..plan.hosts())
@@ -139,7 +139,7 @@ impl LocalSide for Side<'_, '_> {
         for g in (0..plan.hosts()).filter(|&g| g != plan.host) {
             let part = plan.width(g) * q / l * esz;
             let whole = bytes(&mut stage, plan.width(g) * q * esz);
-            local.all_gather(&recv[at..at + part], whole, self.dtype)?;
+            local.all_gather_flat(&recv[at..at + part], whole, self.dtype)?;
             at += part;
             self.scatter(g, bytemuck::cast_slice(&stage), p.start, p.real);
         }

@@ -11,9 +11,9 @@
 //! send, spread over all of the host's ranks.
 
 use super::{bytes, chunks, give, pipeline, round_up, take, view, LocalSide, Net, Plan};
-use crate::collective::part_bytes;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
+use crate::flat::part_bytes;
 use crate::group::Communicator;
 use crate::reduce;
 use crate::transport::tcp::Xfer;
@@ -106,14 +106,14 @@ impl<'a> LocalSide for Side<'a, '_> {
         let mut shard = take(self.pool, sb);
         let tmp = take(self.pool, tmp_bytes);
         let stage = if n == real {
-            local.reduce_scatter(data, bytes(&mut shard, sb), self.dtype, self.op)?;
+            local.reduce_scatter_flat(data, bytes(&mut shard, sb), self.dtype, self.op)?;
             None
         } else {
             let mut st = take(self.pool, n * esz);
             let s = bytes(&mut st, n * esz);
             s[..data.len()].copy_from_slice(data);
             s[data.len()..].fill(0);
-            local.reduce_scatter(s, bytes(&mut shard, sb), self.dtype, self.op)?;
+            local.reduce_scatter_flat(s, bytes(&mut shard, sb), self.dtype, self.op)?;
             Some(st)
         };
         Ok(Piece {
@@ -138,10 +138,10 @@ impl<'a> LocalSide for Side<'a, '_> {
         } = p;
         let sb = n / self.width * esz;
         match stage {
-            None => local.all_gather(bytes(&mut shard, sb), data, self.dtype)?,
+            None => local.all_gather_flat(bytes(&mut shard, sb), data, self.dtype)?,
             Some(mut st) => {
                 let s = bytes(&mut st, n * esz);
-                local.all_gather(bytes(&mut shard, sb), s, self.dtype)?;
+                local.all_gather_flat(bytes(&mut shard, sb), s, self.dtype)?;
                 data.copy_from_slice(&s[..data.len()]);
                 give(self.pool, [st]);
             }

@@ -14,9 +14,9 @@
 //! block (with 8 ranks per host, 8 instead of 64 between two hosts).
 
 use super::{Net, Plan, Stop};
-use crate::collective::all_to_all::Traffic;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::flat::all_to_all::Traffic;
 use crate::group::Communicator;
 use crate::transport::tcp::Xfer;
 use crate::transport::OpKind;
@@ -129,7 +129,7 @@ fn aggregated(
             })
             .collect();
         let mut got = vec![0u8; recvs.iter().sum::<usize>() * t.esz];
-        local.all_to_all_v(&packed, &sends, &mut got, &recvs, dtype)?;
+        local.all_to_all_v_flat(&packed, &sends, &mut got, &recvs, dtype)?;
         // This host's blocks for this rank go to their places; the rest is
         // regrouped by destination into one message each.
         let mine: Vec<usize> = (0..p).filter(|&d| away(d) && handler(d) == me).collect();

@@ -125,7 +125,7 @@ impl<'a> LocalSide for Side<'a, '_> {
             sent: Vec::new(),
         };
         if self.home {
-            local.broadcast(p.full(esz), self.dtype, self.from)?;
+            local.broadcast_flat(p.full(esz), self.dtype, self.from)?;
         }
         Ok(p)
     }
@@ -135,7 +135,7 @@ impl<'a> LocalSide for Side<'a, '_> {
         if !self.home {
             let part = p.n / self.width * esz;
             let mut tmp = std::mem::take(&mut p.tmp);
-            local.all_gather(bytes(&mut tmp, part), p.full(esz), self.dtype)?;
+            local.all_gather_flat(bytes(&mut tmp, part), p.full(esz), self.dtype)?;
             p.tmp = tmp;
         }
         if let Some(s) = &p.stage {

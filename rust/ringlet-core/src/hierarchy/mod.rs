@@ -5,7 +5,11 @@
 //! shared-memory communicator of the ranks on its own host (`local`). Its
 //! collectives then move every byte across a host's link as few times as the
 //! collective allows, every rank of a host carries its share over its own
-//! streams, and the host-local work overlaps the network.
+//! streams, and the host-local work overlaps the network. On the host level
+//! they call the single-level collectives (`flat`) directly; the public
+//! entry points (`collective`) call them here. Where each rank sits and
+//! which channels it carries is the [`Plan`] (in `plan`), kept with `local`
+//! in the communicator's `Levels` (in `group`).
 //!
 //! **Channels.** A buffer that crosses hosts is cut into `C` equal channels,
 //! `C` the least common multiple of the hosts' rank counts. On host `h`
@@ -37,188 +41,12 @@ mod reduce_scatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::fault::{self, Tripwire};
-use crate::group::{Communicator, Link};
+use crate::group::{Communicator, Levels, Link};
+use crate::plan::Plan;
 use crate::transport::tcp::{TcpMesh, Xfer};
 use crate::transport::{OpDesc, OpKind};
-use std::ops::Range;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-
-/// The host level of a communicator that spans hosts.
-pub(crate) struct Levels {
-    /// This host's ranks (shared memory; a world of one on a one-rank host).
-    pub(crate) local: Communicator,
-    plan: Plan,
-    /// Scratch buffers kept between calls (no page faults on hot paths).
-    pool: Vec<Vec<u64>>,
-}
-
-/// Where every rank sits and which channels it carries.
-pub(crate) struct Plan {
-    /// Group ranks of each host, in local-rank order.
-    layout: Vec<Vec<usize>>,
-    /// This rank's host and local index.
-    host: usize,
-    index: usize,
-    /// Channels per cross-host buffer: the lcm of the hosts' rank counts.
-    channels: usize,
-}
-
-fn gcd(a: usize, b: usize) -> usize {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-/// Channels above this many would make pieces too fine (uneven hosts with
-/// co-prime rank counts); such layouts are refused and stay flat.
-const MAX_CHANNELS: usize = 1 << 10;
-
-impl Levels {
-    /// Checks that `layout` partitions the `size` ranks into hosts, that
-    /// `rank` is local rank `local.rank()` of its host and that `local` has
-    /// that host's size.
-    pub(crate) fn new(
-        rank: usize,
-        size: usize,
-        local: Communicator,
-        layout: Vec<Vec<usize>>,
-    ) -> Result<Levels> {
-        let bad = |why: String| Err(Error::InvalidArgument(format!("attach_levels: {why}")));
-        let mut seen = vec![false; size];
-        for r in layout.iter().flatten() {
-            if *r >= size || seen[*r] {
-                return bad(format!("rank {r} is out of range or on two hosts"));
-            }
-            seen[*r] = true;
-        }
-        if seen.iter().any(|s| !s) || layout.len() < 2 || layout.iter().any(Vec::is_empty) {
-            return bad(format!(
-                "the layout {layout:?} must put each of the {size} ranks on one of at least two hosts"
-            ));
-        }
-        let Some(host) = layout.iter().position(|g| g.contains(&rank)) else {
-            return bad(format!("rank {rank} is on no host"));
-        };
-        let index = layout[host].iter().position(|&r| r == rank).unwrap_or(0);
-        if local.size() != layout[host].len() || local.rank() != index {
-            return bad(format!(
-                "the local communicator is rank {} of {} but the layout puts rank {rank} at {index} of {}",
-                local.rank(),
-                local.size(),
-                layout[host].len()
-            ));
-        }
-        let channels = layout
-            .iter()
-            .map(Vec::len)
-            .fold(1, |c, l| c / gcd(c, l) * l);
-        if channels > MAX_CHANNELS {
-            return bad(format!(
-                "hosts of {:?} ranks need {channels} channels (at most {MAX_CHANNELS})",
-                layout.iter().map(Vec::len).collect::<Vec<_>>()
-            ));
-        }
-        Ok(Levels {
-            local,
-            plan: Plan {
-                layout,
-                host,
-                index,
-                channels,
-            },
-            pool: Vec::new(),
-        })
-    }
-}
-
-impl Plan {
-    fn hosts(&self) -> usize {
-        self.layout.len()
-    }
-
-    /// Ranks on host `h`.
-    fn width(&self, h: usize) -> usize {
-        self.layout[h].len()
-    }
-
-    /// Ranks on this host.
-    fn local_size(&self) -> usize {
-        self.width(self.host)
-    }
-
-    /// The host of every group rank.
-    fn host_of(&self) -> Vec<usize> {
-        let mut out = vec![0; self.layout.iter().map(Vec::len).sum()];
-        for (h, g) in self.layout.iter().enumerate() {
-            for &r in g {
-                out[r] = h;
-            }
-        }
-        out
-    }
-
-    /// The local index of every group rank on its host.
-    fn index_of(&self) -> Vec<usize> {
-        let mut out = vec![0; self.layout.iter().map(Vec::len).sum()];
-        for g in &self.layout {
-            for (i, &r) in g.iter().enumerate() {
-                out[r] = i;
-            }
-        }
-        out
-    }
-
-    /// This rank's channels.
-    fn mine(&self) -> Range<usize> {
-        let per = self.channels / self.local_size();
-        self.index * per..(self.index + 1) * per
-    }
-
-    /// The group rank that owns channel `c` on host `h`.
-    fn owner(&self, h: usize, c: usize) -> usize {
-        self.layout[h][c / (self.channels / self.width(h))]
-    }
-
-    /// `chans` cut into runs with one owner on host `h`: `(channels, owner)`.
-    fn runs(&self, h: usize, chans: Range<usize>) -> Vec<(Range<usize>, usize)> {
-        let mut out: Vec<(Range<usize>, usize)> = Vec::new();
-        for c in chans {
-            let q = self.owner(h, c);
-            match out.last_mut() {
-                Some((r, o)) if *o == q => r.end = c + 1,
-                _ => out.push((c..c + 1, q)),
-            }
-        }
-        out
-    }
-
-    /// This rank's channels cut into runs with one owner on every host:
-    /// `(channels, owner on each host)`.
-    fn segments(&self) -> Vec<(Range<usize>, Vec<usize>)> {
-        let mut out: Vec<(Range<usize>, Vec<usize>)> = Vec::new();
-        for c in self.mine() {
-            let owners: Vec<usize> = (0..self.hosts()).map(|h| self.owner(h, c)).collect();
-            match out.last_mut() {
-                Some((r, o)) if *o == owners => r.end = c + 1,
-                _ => out.push((c..c + 1, owners)),
-            }
-        }
-        out
-    }
-
-    /// [`Plan::runs`] in bytes of a buffer that holds channels `chans` of
-    /// `chan` bytes each, from `chans.start` on: `(byte range, owner)`.
-    fn byte_runs(&self, h: usize, chans: Range<usize>, chan: usize) -> Vec<(Range<usize>, usize)> {
-        let first = chans.start;
-        self.runs(h, chans)
-            .into_iter()
-            .map(|(r, q)| ((r.start - first) * chan..(r.end - first) * chan, q))
-            .collect()
-    }
-}
 
 fn take(pool: &mut Vec<Vec<u64>>, bytes: usize) -> Vec<u64> {
     let words = bytes.div_ceil(8);
@@ -510,12 +338,12 @@ impl Communicator {
                 "attach_levels: levels are attached already".into(),
             ));
         }
-        self.levels = Some(Box::new(Levels::new(
-            self.rank(),
-            self.size(),
+        let plan = Plan::new(self.rank(), self.size(), local.rank(), local.size(), layout)?;
+        self.levels = Some(Box::new(Levels {
             local,
-            layout,
-        )?));
+            plan,
+            pool: Vec::new(),
+        }));
         Ok(())
     }
 

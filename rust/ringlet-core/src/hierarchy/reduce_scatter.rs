@@ -106,7 +106,7 @@ impl<'a> LocalSide for Side<'a, '_> {
             }
             let mine = w * q / l * esz;
             let out = &mut bytemuck::cast_slice_mut(&mut parts)[at..at + mine];
-            local.reduce_scatter(region, out, self.dtype, self.op)?;
+            local.reduce_scatter_flat(region, out, self.dtype, self.op)?;
             at += mine;
         }
         give(self.pool, [stage]);

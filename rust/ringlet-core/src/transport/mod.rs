@@ -302,3 +302,38 @@ pub(crate) fn follow_blame(
     }
     e
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// xorshift64*: a deterministic stream of fuzz words.
+    fn words(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed;
+        move || {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+    }
+
+    #[test]
+    fn random_descriptors_decode_or_are_refused_never_panic() {
+        let mut next = words(14);
+        let mut decoded = 0;
+        for i in 0..200_000u64 {
+            let mut w = [0u64; DESC_WORDS];
+            for x in w.iter_mut() {
+                // mix small values in so that some descriptors are valid
+                *x = if i % 3 == 0 { next() % 16 } else { next() };
+            }
+            if let Some(d) = OpDesc::decode(&w) {
+                decoded += 1;
+                let _ = d.describe();
+                assert_eq!(OpDesc::decode(&d.encode()), Some(d));
+            }
+        }
+        assert!(decoded > 0);
+    }
+}

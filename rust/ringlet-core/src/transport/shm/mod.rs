@@ -23,7 +23,7 @@ mod segment;
 
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Cause, Error, Result};
-use crate::fault::Tripwire;
+use crate::fault::{NoticeBoard, Tripwire};
 use crate::reduce;
 use crate::sys;
 use crate::transport::tcp::{TcpMesh, Xfer};
@@ -45,10 +45,10 @@ pub struct Notifier {
     rank: usize,
 }
 
-impl Notifier {
+impl NoticeBoard for Notifier {
     /// Publishes that the failure started at global rank `culprit` with
     /// `cause`, then marks this rank as given up and wakes parked peers.
-    pub(crate) fn publish(&self, culprit: usize, cause: Cause) {
+    fn publish(&self, culprit: usize, cause: Cause) {
         let c = self.seg.ctl(self.rank);
         c.notice_culprit.store(culprit as u64, Ordering::SeqCst);
         c.notice_cause.store(cause.code(), Ordering::SeqCst);
@@ -57,7 +57,7 @@ impl Notifier {
     }
 
     /// Marks this rank as having shut the communicator down.
-    pub(crate) fn leave(&self, _me: usize) {
+    fn leave(&self, _me: usize) {
         let c = self.seg.ctl(self.rank);
         let _ = c
             .state

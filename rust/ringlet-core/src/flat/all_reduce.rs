@@ -1,0 +1,446 @@
+//! All-reduce on one level: every rank ends with the element-wise
+//! reduction of every rank's buffer, bit-identical on all ranks.
+//!
+//! Shared memory, three paths by size:
+//! * small (<= `small_bytes`): each rank copies its buffer into its slot, one
+//!   phase, then every rank reduces all slots in rank order into its buffer.
+//!   One synchronisation per call.
+//! * staged (above `small_bytes`, below `cma_threshold`): pieces of half a slot. Per
+//!   piece, rank r owns part r: it reduces part r of every slot into its own
+//!   slot (phase), then every rank copies each owner's part out (phase).
+//! * single-copy (from `cma_threshold`, off by default: the staged path is
+//!   faster on the machines measured, see `group::DEFAULT_CMA_THRESHOLD`):
+//!   rank r owns part r. In pieces
+//!   of 128 KiB it reads its piece from each peer's buffer into a
+//!   cache-resident scratch, reduces it into its own buffer and writes the
+//!   result, still in cache, into every peer's buffer. Parts are disjoint, so
+//!   the only phases are the first (addresses) and the last (all written).
+//!
+//! TCP: small messages are exchanged with every peer and reduced locally in
+//! rank order (up to 7 ranks) or combined by recursive doubling (8 ranks and
+//! up: log2 p steps, see [`recursive_doubling`]); larger ones use a ring reduce-scatter then a ring all-gather
+//! (2(p-1)/p of the buffer crosses each link). float16/bfloat16 travel and
+//! accumulate as float32.
+
+use super::{part_bytes, pieces, scratch, split_ref_mut, via_f32, Reused, CMA_PIECE, TCP_SMALL};
+use crate::dtype::{DType, ReduceOp};
+use crate::error::Result;
+use crate::group::{Communicator, Config, Link};
+use crate::reduce;
+use crate::transport::shm::ShmGroup;
+use crate::transport::tcp::{TcpMesh, Xfer};
+use crate::transport::{OpDesc, OpKind};
+
+const OP: &str = "all_reduce";
+
+/// Received bytes reduced at a time while a TCP ring step is in flight.
+const OVERLAP_BATCH: usize = 128 << 10;
+
+/// Bytes a TCP ring step moves per chunk (the receive scratch's size).
+const TCP_CHUNK: usize = 1 << 20;
+
+impl Communicator {
+    /// The all-reduce into `buf`, of `input` when given (else of `buf`), on
+    /// one level.
+    pub(crate) fn all_reduce_flat(
+        &mut self,
+        input: Option<&[u8]>,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = buf.len() / dtype.size();
+        self.guarded(|c| {
+            let desc = c.next_desc(OpKind::AllReduce, dtype, Some(op), count, 0);
+            if let (Some(src), Link::Shm { shm, .. }) = (input, &mut c.link) {
+                if one_phase(shm, &c.cfg, buf.len()) {
+                    stage(shm, &desc, src)?;
+                    return shm.reduce_all_slots(dtype, op, 0, buf);
+                }
+            }
+            if let Some(src) = input {
+                buf.copy_from_slice(src);
+            }
+            match &mut c.link {
+                Link::Local => Ok(()),
+                Link::Shm { shm, .. } => shm_all_reduce(shm, &c.cfg, desc, buf, dtype, op),
+                Link::Tcp(mesh) => {
+                    mesh.agree(&desc, c.cfg.timeout)?;
+                    tcp_all_reduce(mesh, &c.cfg, buf, dtype, op)
+                }
+            }
+        })
+    }
+}
+
+/// Whether an all-reduce of `n` bytes takes the one-phase path: every rank
+/// stages its buffer in its slot and reduces all slots.
+fn one_phase(shm: &ShmGroup, cfg: &Config, n: usize) -> bool {
+    n <= cfg.small_bytes.min(shm.half_bytes())
+}
+
+/// The one-phase path's staging: `input` into this rank's slot, then the
+/// phase that makes every slot readable.
+fn stage(shm: &mut ShmGroup, desc: &OpDesc, input: &[u8]) -> Result<()> {
+    shm.next_half();
+    shm.put(0, input);
+    shm.arrive(desc)
+}
+
+fn shm_all_reduce(
+    shm: &mut ShmGroup,
+    cfg: &Config,
+    mut desc: OpDesc,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, esz) = (buf.len(), dtype.size());
+    let (p, r) = (shm.size(), shm.rank());
+    if one_phase(shm, cfg, n) {
+        stage(shm, &desc, buf)?;
+        return shm.reduce_all_slots(dtype, op, 0, buf);
+    }
+    let count = n / esz;
+    if shm.cma() && n >= cfg.cma_threshold {
+        desc.addr = buf.as_ptr() as u64;
+        shm.next_half();
+        shm.arrive(&desc)?;
+        let addrs: Vec<u64> = (0..p)
+            .map(|j| shm.peer_desc(j).map(|d| d.addr))
+            .collect::<Result<_>>()?;
+        // Rank r owns part r. Piece by piece (cache-sized), it reads that
+        // piece from every peer's buffer, reduces it into its own buffer and
+        // writes the result straight into every peer's buffer. Nobody else
+        // reads or writes part r of any buffer meanwhile, so no phase is
+        // needed until the last one, which tells everyone all writes landed.
+        let own = part_bytes(count, p, r, esz);
+        let piece = (CMA_PIECE / esz) * esz;
+        let mut tmp = Reused::new((p - 1) * piece);
+        let tmp = tmp.bytes();
+        for start in (own.start..own.end).step_by(piece) {
+            let range = start..(start + piece).min(own.end);
+            let len = range.len();
+            let mut slots: Vec<&mut [u8]> = tmp.chunks_mut(piece).map(|c| &mut c[..len]).collect();
+            for (slot, j) in slots.iter_mut().zip((0..p).filter(|&j| j != r)) {
+                shm.read_peer(j, addrs[j] + start as u64, slot, OP)?;
+            }
+            let srcs: Vec<&[u8]> = slots.iter().map(|s| &**s).collect();
+            reduce::reduce_inplace(dtype, op, &mut buf[range.clone()], &srcs)?;
+            for j in (0..p).filter(|&j| j != r) {
+                shm.write_peer(j, addrs[j] + start as u64, &buf[range.clone()], OP)?;
+            }
+        }
+        return shm.sync(OP);
+    }
+    for (k, piece) in pieces(n, shm.half_bytes(), esz).into_iter().enumerate() {
+        shm.next_half();
+        shm.put(0, &buf[piece.clone()]);
+        if k == 0 {
+            shm.arrive(&desc)?;
+        } else {
+            shm.sync(OP)?;
+        }
+        let pcount = piece.len() / esz;
+        let mine = part_bytes(pcount, p, r, esz);
+        shm.reduce_into_own_slot(dtype, op, mine.start, mine.len())?;
+        shm.get(
+            r,
+            mine.start,
+            &mut buf[piece.start + mine.start..piece.start + mine.end],
+        );
+        shm.sync(OP)?;
+        for j in (0..p).filter(|&j| j != r) {
+            let theirs = part_bytes(pcount, p, j, esz);
+            shm.get(
+                j,
+                theirs.start,
+                &mut buf[piece.start + theirs.start..piece.start + theirs.end],
+            );
+        }
+    }
+    Ok(())
+}
+
+/// TCP all-reduce after the agreement check (also used by other collectives).
+pub(crate) fn tcp_all_reduce(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        return via_f32(dtype, buf, |wide| {
+            tcp_all_reduce(mesh, cfg, wide, DType::F32, op)
+        });
+    }
+    let (p, r) = (mesh.size(), mesh.rank());
+    let esz = dtype.size();
+    if buf.len() <= TCP_SMALL && p >= RD_MIN_RANKS {
+        return recursive_doubling(mesh, cfg, buf, dtype, op);
+    }
+    if buf.len() <= TCP_SMALL {
+        let mut theirs = vec![scratch(buf.len()); p];
+        {
+            let mut x: Vec<Xfer> = Vec::with_capacity(2 * p);
+            for (j, t) in theirs.iter_mut().enumerate().filter(|(j, _)| *j != r) {
+                x.push(Xfer::send(j, buf));
+                x.push(Xfer::recv(j, &mut bytemuck::cast_slice_mut(t)[..buf.len()]));
+            }
+            mesh.transfer(&mut x, OP, cfg.timeout)?;
+        }
+        let srcs: Vec<&[u8]> = theirs
+            .iter()
+            .enumerate()
+            .map(|(j, t)| {
+                if j == r {
+                    &*buf
+                } else {
+                    &bytemuck::cast_slice(t)[..buf.len()]
+                }
+            })
+            .collect();
+        let mut out = scratch(buf.len());
+        let out = &mut bytemuck::cast_slice_mut(&mut out)[..buf.len()];
+        reduce::reduce_into(dtype, op, out, &srcs)?;
+        buf.copy_from_slice(out);
+        return Ok(());
+    }
+    let count = buf.len() / esz;
+    ring_reduce_scatter(mesh, cfg, buf, dtype, op)?;
+    ring_all_gather(mesh, cfg, buf, count, esz, 1)
+}
+
+/// From this many ranks, small TCP all-reduces use recursive doubling
+/// (log2 p exchange steps) instead of one exchange with every peer. One
+/// exchange costs a latency plus p - 1 messages per rank, recursive doubling
+/// log2 p latencies and messages; on loopback here the two are level at 4
+/// and 8 ranks (docs/scaling.md, "Within one host"), and across real links the exchange's
+/// p - 1 messages per rank dominate beyond that.
+const RD_MIN_RANKS: usize = 8;
+
+/// Recursive doubling for small TCP all-reduces. With `q` the largest power
+/// of two not above `p`, the first `2(p - q)` ranks pair up (even with odd)
+/// and the odd one folds in its partner's buffer, leaving `q` participants;
+/// in step `k` each participant swaps its whole partial result with the one
+/// whose index differs in bit `k` and reduces the two, lower block first, so
+/// both partners compute the same value bit for bit; at the end each odd
+/// folder hands the result back to its even partner. log2(q) + 2 steps,
+/// one message each, instead of p - 1 messages per rank.
+fn recursive_doubling(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, r) = (mesh.size(), mesh.rank());
+    let q = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let extra = p - q;
+    let len = buf.len();
+    let mut theirs = scratch(len);
+    let mut out = scratch(len);
+    let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut theirs)[..len];
+    let o = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..len];
+    // Index among the q participants (None: an even folder that sits out),
+    // and the rank that holds participant `i`.
+    let index = if r < 2 * extra {
+        (r % 2 == 1).then_some(r / 2)
+    } else {
+        Some(r - extra)
+    };
+    let rank_of = |i: usize| if i < extra { 2 * i + 1 } else { i + extra };
+    if r < 2 * extra {
+        if r % 2 == 0 {
+            mesh.transfer(&mut [Xfer::send(r + 1, buf)], OP, cfg.timeout)?;
+        } else {
+            mesh.transfer(&mut [Xfer::recv(r - 1, t)], OP, cfg.timeout)?;
+            reduce::reduce_into(dtype, op, o, &[&*t, &*buf])?;
+            buf.copy_from_slice(o);
+        }
+    }
+    if let Some(i) = index {
+        let mut mask = 1;
+        while mask < q {
+            let partner = i ^ mask;
+            let peer = rank_of(partner);
+            mesh.transfer(
+                &mut [Xfer::send(peer, buf), Xfer::recv(peer, t)],
+                OP,
+                cfg.timeout,
+            )?;
+            if partner < i {
+                reduce::reduce_into(dtype, op, o, &[&*t, &*buf])?;
+            } else {
+                reduce::reduce_into(dtype, op, o, &[&*buf, &*t])?;
+            }
+            buf.copy_from_slice(o);
+            mask <<= 1;
+        }
+    }
+    if r < 2 * extra {
+        if r % 2 == 1 {
+            mesh.transfer(&mut [Xfer::send(r - 1, buf)], OP, cfg.timeout)?;
+        } else {
+            mesh.transfer(&mut [Xfer::recv(r + 1, buf)], OP, cfg.timeout)?;
+        }
+    }
+    Ok(())
+}
+
+/// Ring reduce-scatter over `p` parts of `buf`, in place. At step s rank r
+/// sends part `r - s` to the next rank and reduces part `r - s - 1` (mod p)
+/// received from the previous one; after p-1 steps it owns the fully reduced
+/// part `r + 1`, where the all-gather that follows starts.
+fn ring_reduce_scatter(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, r) = (mesh.size(), mesh.rank());
+    let esz = dtype.size();
+    let count = buf.len() / esz;
+    let mut ring = Ring::new(mesh, OP, dtype, op);
+    for s in 0..p - 1 {
+        let send = part_bytes(count, p, (r + p - s) % p, esz);
+        let recv = part_bytes(count, p, (r + 2 * p - s - 1) % p, esz);
+        let (out, dst) = split_ref_mut(buf, send, recv);
+        ring.step(mesh, cfg, out, dst, None)?;
+    }
+    Ok(())
+}
+
+/// The reduce steps of a TCP ring: each sends a block to the next rank while
+/// the previous rank's block arrives, in chunks through a small,
+/// cache-resident scratch; within a chunk, what has arrived is reduced while
+/// the rest is still in flight.
+pub(crate) struct Ring {
+    what: &'static str,
+    next: usize,
+    prev: usize,
+    dtype: DType,
+    op: ReduceOp,
+    chunk: usize,
+    tmp: Reused,
+}
+
+impl Ring {
+    pub(crate) fn new(mesh: &TcpMesh, what: &'static str, dtype: DType, op: ReduceOp) -> Self {
+        let (p, r) = (mesh.size(), mesh.rank());
+        let chunk = (TCP_CHUNK / dtype.size()).max(1) * dtype.size();
+        Ring {
+            what,
+            next: (r + 1) % p,
+            prev: (r + p - 1) % p,
+            dtype,
+            op,
+            chunk,
+            tmp: Reused::new(chunk),
+        }
+    }
+
+    /// One step: sends `out`, receives `dst.len()` bytes and reduces them:
+    /// `dst = base ⊕ received` when `base` is given (the input stays
+    /// untouched), else `dst ⊕= received`. `out` and `dst` may differ in
+    /// length (uneven parts).
+    pub(crate) fn step(
+        &mut self,
+        mesh: &TcpMesh,
+        cfg: &Config,
+        out: &[u8],
+        dst: &mut [u8],
+        base: Option<&[u8]>,
+    ) -> Result<()> {
+        let chunk = self.chunk;
+        for k in 0..out.len().max(dst.len()).div_ceil(chunk) {
+            let piece = |len: usize| (k * chunk).min(len)..((k + 1) * chunk).min(len);
+            let (sp, rp) = (piece(out.len()), piece(dst.len()));
+            let base = base.map(|b| &b[rp.clone()]);
+            self.chunk_step(mesh, cfg, &out[sp], &mut dst[rp], base)?;
+        }
+        Ok(())
+    }
+
+    fn chunk_step(
+        &mut self,
+        mesh: &TcpMesh,
+        cfg: &Config,
+        out: &[u8],
+        dst: &mut [u8],
+        base: Option<&[u8]>,
+    ) -> Result<()> {
+        let (dtype, op, len) = (self.dtype, self.op, dst.len());
+        let esz = dtype.size();
+        let tmp = self.tmp.bytes();
+        let mut reduced = 0;
+        mesh.transfer_with(
+            &mut [
+                Xfer::send(self.next, out),
+                Xfer::recv(self.prev, &mut tmp[..len]),
+            ],
+            self.what,
+            cfg.timeout,
+            |x| {
+                let got = x[1].received();
+                let upto = got.len() - got.len() % esz;
+                if upto - reduced >= OVERLAP_BATCH || upto == len {
+                    reduce_chunk(dtype, op, &mut dst[reduced..upto], base, got, reduced)?;
+                    reduced = upto;
+                }
+                Ok(())
+            },
+        )?;
+        if reduced < len {
+            reduce_chunk(dtype, op, &mut dst[reduced..], base, &tmp[..len], reduced)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reduces `got[from..from + dst.len()]` into `dst`, on top of the same range
+/// of `base` when given.
+fn reduce_chunk(
+    dtype: DType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    base: Option<&[u8]>,
+    got: &[u8],
+    from: usize,
+) -> Result<()> {
+    let range = from..from + dst.len();
+    match base {
+        Some(b) => reduce::reduce_into(dtype, op, dst, &[&b[range.clone()], &got[range]]),
+        None => reduce::reduce_inplace(dtype, op, dst, &[&got[range]]),
+    }
+}
+
+/// Ring all-gather over `p` parts of `buf`, in place, when rank r starts out
+/// holding part `(r + shift) % p`.
+pub(crate) fn ring_all_gather(
+    mesh: &TcpMesh,
+    cfg: &Config,
+    buf: &mut [u8],
+    count: usize,
+    esz: usize,
+    shift: usize,
+) -> Result<()> {
+    let (p, r) = (mesh.size(), mesh.rank());
+    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    for s in 0..p - 1 {
+        let send = part_bytes(count, p, (r + shift + p - s) % p, esz);
+        let recv = part_bytes(count, p, (r + shift + 2 * p - s - 1) % p, esz);
+        let (out, inc) = split_ref_mut(buf, send, recv);
+        mesh.transfer(
+            &mut [Xfer::send(next, out), Xfer::recv(prev, inc)],
+            "all_gather",
+            cfg.timeout,
+        )?;
+    }
+    Ok(())
+}
