@@ -185,3 +185,18 @@ def torch_tensor() -> Any:
     import torch
 
     return torch.arange(4.0)
+
+
+def test_rust_core_modules_have_no_cycle() -> None:
+    sys.path.insert(0, str(pathlib.Path(__file__).parent / "scripts"))
+    try:
+        import rust_module_graph as rmg
+    finally:
+        sys.path.pop(0)
+    src = pathlib.Path(__file__).resolve().parents[1] / "rust" / "ringlet-core" / "src"
+    if not src.is_dir():
+        pytest.skip("no Rust sources beside the tests (an installed wheel)")
+    g = rmg.graph(src)
+    assert "transport" not in g["fault"] and "fault" in g["transport"]  # the graph is real
+    assert "hierarchy" not in g["group"] and "flat" in g["hierarchy"]
+    assert rmg.cycles(g) == []
