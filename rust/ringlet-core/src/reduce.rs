@@ -66,6 +66,24 @@ pub fn reduce_into(dtype: DType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -
         .split_first()
         .ok_or_else(|| Error::InvalidArgument("reduce_into needs at least one source".into()))?;
     check_lengths(dst.len(), srcs)?;
+    op.check(dtype)?;
+    // The first two sources in one pass (`dst = s0 ⊕ s1`: read each once, write
+    // `dst` once, instead of copying `s0` and reading it back), the rest in place.
+    if let Some((second, more)) = rest.split_first() {
+        let fused = match dtype {
+            DType::F32 => float_pair::<f32>(op, dst, first, second)?,
+            DType::F64 => float_pair::<f64>(op, dst, first, second)?,
+            DType::I8 => int_pair::<i8>(op, dst, first, second)?,
+            DType::U8 => int_pair::<u8>(op, dst, first, second)?,
+            DType::I16 => int_pair::<i16>(op, dst, first, second)?,
+            DType::I32 => int_pair::<i32>(op, dst, first, second)?,
+            DType::I64 => int_pair::<i64>(op, dst, first, second)?,
+            DType::F16 | DType::BF16 | DType::Bool => false,
+        };
+        if fused {
+            return reduce_inplace(dtype, op, dst, more);
+        }
+    }
     dst.copy_from_slice(first);
     reduce_inplace(dtype, op, dst, rest)
 }
@@ -74,6 +92,40 @@ fn zip_apply<T: Copy>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d = f(*d, *s);
     }
+}
+
+fn zip2_apply<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+    for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
+        *d = f(*x, *y);
+    }
+}
+
+/// `dst = a ⊕ b` for a float type; true when done.
+fn float_pair<T: Float>(op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) -> Result<bool> {
+    let (d, a, b) = (cast_mut::<T>(dst)?, cast::<T>(a)?, cast::<T>(b)?);
+    match op {
+        ReduceOp::Sum => zip2_apply(d, a, b, |x, y| x + y),
+        ReduceOp::Mul => zip2_apply(d, a, b, |x, y| x * y),
+        ReduceOp::Min => zip2_apply(d, a, b, fmin),
+        ReduceOp::Max => zip2_apply(d, a, b, fmax),
+        ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// `dst = a ⊕ b` for an integer type; true when done.
+fn int_pair<T: Int>(op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]) -> Result<bool> {
+    let (d, a, b) = (cast_mut::<T>(dst)?, cast::<T>(a)?, cast::<T>(b)?);
+    match op {
+        ReduceOp::Sum => zip2_apply(d, a, b, T::wrapping_add),
+        ReduceOp::Mul => zip2_apply(d, a, b, T::wrapping_mul),
+        ReduceOp::Min => zip2_apply(d, a, b, Ord::min),
+        ReduceOp::Max => zip2_apply(d, a, b, Ord::max),
+        ReduceOp::And => zip2_apply(d, a, b, T::bitand),
+        ReduceOp::Or => zip2_apply(d, a, b, T::bitor),
+        ReduceOp::Xor => zip2_apply(d, a, b, T::bitxor),
+    }
+    Ok(true)
 }
 
 trait Float: Pod + PartialOrd + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> {
@@ -319,6 +371,68 @@ mod tests {
             let mut d = vec![0u8; 4];
             reduce_into(DType::Bool, op, &mut d, &[&a, &b]).unwrap();
             assert_eq!(d, want, "{op:?}");
+        }
+    }
+
+    #[test]
+    fn reduce_into_matches_copy_then_inplace_bit_for_bit() {
+        // The fused first pair (dst = s0 ⊕ s1) must give exactly what copying s0
+        // and folding the rest in place gives, in source order: signed zeros,
+        // NaNs and wrap-around included, for 2 and 3 sources.
+        let f = [
+            0.0f32,
+            -0.0,
+            1.5,
+            f32::NAN,
+            -f32::INFINITY,
+            3.0e38,
+            -7.25,
+            1e-45,
+        ];
+        let g = [-0.0f32, 0.0, f32::NAN, 2.0, 5.0, 3.0e38, -7.25, -1e-45];
+        let h = [1.0f32, -0.0, 0.0, -1.0, f32::NAN, -3.0e38, 0.5, 0.0];
+        let d: Vec<f64> = f.iter().map(|&x| x as f64).collect();
+        let e: Vec<f64> = g.iter().map(|&x| x as f64).collect();
+        let i32s = [i32::MAX, -1, 0, 7, i32::MIN, 3, -5, 1 << 30];
+        let i32t = [1i32, i32::MIN, -9, 7, -1, 1 << 30, 5, 4];
+        type Case = (DType, Vec<u8>, Vec<u8>, Vec<u8>);
+        let cases: Vec<Case> = vec![
+            (DType::F32, bytes(&f), bytes(&g), bytes(&h)),
+            (DType::F64, bytes(&d), bytes(&e), bytes(&d)),
+            (DType::I32, bytes(&i32s), bytes(&i32t), bytes(&i32s)),
+            (
+                DType::I64,
+                bytes(&[i64::MAX, -3]),
+                bytes(&[2i64, i64::MIN]),
+                bytes(&[5i64, 6]),
+            ),
+            (
+                DType::I8,
+                bytes(&[i8::MAX, -128, 3]),
+                bytes(&[1i8, -1, 9]),
+                bytes(&[2i8, 2, 2]),
+            ),
+            (DType::U8, vec![255, 0, 7], vec![1, 3, 9], vec![4, 4, 4]),
+            (
+                DType::I16,
+                bytes(&[i16::MIN, 2]),
+                bytes(&[-1i16, 3]),
+                bytes(&[9i16, 9]),
+            ),
+        ];
+        for (dtype, a, b, c) in cases {
+            for op in crate::dtype::ALL_OPS {
+                if op.check(dtype).is_err() {
+                    continue;
+                }
+                for srcs in [vec![&a[..], &b[..]], vec![&a[..], &b[..], &c[..]]] {
+                    let mut want = srcs[0].to_vec();
+                    reduce_inplace(dtype, op, &mut want, &srcs[1..]).unwrap();
+                    let mut got = vec![0u8; a.len()];
+                    reduce_into(dtype, op, &mut got, &srcs).unwrap();
+                    assert_eq!(got, want, "{dtype:?} {op:?} {} sources", srcs.len());
+                }
+            }
         }
     }
 
