@@ -155,6 +155,29 @@ def test_old_paths_in_a_fresh_process() -> None:
     assert out.stdout.strip() == "ok"
 
 
+def test_sharding_keeps_every_name_it_had() -> None:
+    # ringlet.sharding was one module before the split into xla.mesh and
+    # xla.sharded_tensor: its names, torch_xla's private helpers included, still resolve,
+    # and module state is read live (not a copy taken at import).
+    import ringlet.sharding as xs
+    from ringlet.xla import mesh
+
+    for name in ["Mesh", "HybridMesh", "ShardingSpec", "mark_sharding", "XLAShardedTensor",
+                 "get_1d_mesh", "set_global_mesh", "shard_indices", "XLAPatchedLinear",
+                 "_get_group_assignment", "_get_tile_assignment", "_get_sharding_type",
+                 "_translate_named_partition_spec", "_read_back_sharding_type",
+                 "_compute_op_sharding", "_validate_host_layout", "_normalize_entry"]:
+        assert getattr(xs, name) is not None, name
+    m = xs.Mesh(range(1), (1,))
+    xs.set_global_mesh(m)
+    try:
+        assert xs._GLOBAL_MESH is mesh._GLOBAL_MESH is m
+    finally:
+        xs.set_global_mesh(None)
+    with pytest.raises(AttributeError):
+        xs._no_such_name  # noqa: B018
+
+
 def test_python_m_ringlet_soak_still_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "ringlet.soak", "--help"], capture_output=True,
                          text=True, timeout=120)

@@ -34,6 +34,8 @@ from ringlet.sharding import (
     ShardIndices,
     ShardingSpec,
     ShardingType,
+    _read_back_sharding_type,
+    _translate_named_partition_spec,
     all_shard_indices,
     assemble_shards,
     extract_shard,
@@ -43,7 +45,6 @@ from ringlet.sharding import (
     set_global_mesh,
     shard_indices,
 )
-from ringlet.xla.mesh import _read_back_sharding_type, _translate_named_partition_spec
 
 P = ShardingType.PARTIAL
 T = ShardingType.TILED
@@ -505,7 +506,7 @@ def test_sharding_spec_xla_spec():
 
 def test_op_sharding_args_and_helper_keywords():
     """torch_xla's private helpers, called with its argument names."""
-    from ringlet.xla.mesh import _get_group_assignment, _get_sharding_type, _get_tile_assignment
+    from ringlet.sharding import _get_group_assignment, _get_sharding_type, _get_tile_assignment
 
     mesh = Mesh(range(8), (2, 2, 2), ("a", "b", "c"))
     # a 2-d spec over a 3-d mesh: axis c (the unused one) replicates

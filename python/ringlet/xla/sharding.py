@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from . import mesh as _mesh
 from .mesh import (
     HybridMesh,
     Mesh,
@@ -38,6 +39,15 @@ from .mesh import (
     set_global_mesh,
     shard_indices,
 )
+
+# torch_xla's xla_sharding module carries these private helpers too; code and tests
+# written against it reach them here.
+from .mesh import _compute_op_sharding as _compute_op_sharding
+from .mesh import _get_group_assignment as _get_group_assignment
+from .mesh import _get_sharding_type as _get_sharding_type
+from .mesh import _get_tile_assignment as _get_tile_assignment
+from .mesh import _read_back_sharding_type as _read_back_sharding_type
+from .mesh import _translate_named_partition_spec as _translate_named_partition_spec
 from .sharded_tensor import (
     ShardingSpec,
     XLAShard,
@@ -149,3 +159,12 @@ def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
         return None
 
     m.register_full_backward_hook(optimization_barrier)
+
+
+def __getattr__(name: str) -> Any:
+    # The rest of the algebra's private names, as ``ringlet.sharding`` had them
+    # before the split (read live from ringlet.xla.mesh, e.g. ``_GLOBAL_MESH``).
+    if name.startswith("_") and not name.startswith("__"):
+        if hasattr(_mesh, name):
+            return getattr(_mesh, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
