@@ -26,6 +26,9 @@ def test_readme_commands_are_the_ones_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     commands = [ci[i + 1] for i, line in enumerate(ci) if line.startswith("# README,")]
     assert len(commands) == 2
+    # Each runs in a subshell, so that a failure anywhere in its && list fails CI.
+    assert all(c.startswith("(") and c.endswith(")") for c in commands), commands
+    commands = [c[1:-1] for c in commands]
     fenced = re.findall(r"```bash\n(.*?)\n```", README, re.S)
     for command in commands:
         assert command in fenced, f"README lacks the command .ci/run runs: {command}"

@@ -37,8 +37,14 @@ fn sends_to_one_peer_keep_their_order_and_resume() {
     let mut meshes = pair().into_iter();
     let (m0, m1) = (meshes.next().unwrap(), meshes.next().unwrap());
     let t = Duration::from_secs(20);
-    let len = 6 << 20; // more than the socket buffers hold
-    let (a, b, c) = (pattern(1, len), pattern(2, len), pattern(3, len / 3));
+    // `a` is more than the socket buffers hold; `b` is far more than loopback's
+    // buffers (send and receive, autotuned to a few MiB) hold, and the receiver
+    // reads none of it until the sender has stopped: stopping when `a` is out
+    // always leaves part of `b` to resume.
+    let len = 6 << 20;
+    let blen = 8 * len;
+    let (a, b, c) = (pattern(1, len), pattern(2, blen), pattern(3, len / 3));
+    let (stopped, wait_stop) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|s| {
         let (a, b, c) = (&a, &b, &c);
         s.spawn(move || {
@@ -54,11 +60,12 @@ fn sends_to_one_peer_keep_their_order_and_resume() {
             m0.transfer_until(&mut x, "test", t, |x| x[0].done() == x[0].len())
                 .unwrap();
             let got = x[1].done();
+            stopped.send(()).unwrap();
             assert!(got < b.len());
             m0.transfer(&mut [Xfer::send_from(1, b, got)], "test", t)
                 .unwrap();
         });
-        let mut got = [vec![0u8; len], vec![0u8; len], vec![0u8; len / 3]];
+        let mut got = [vec![0u8; len], vec![0u8; blen], vec![0u8; len / 3]];
         {
             let [x, y, z] = &mut got[..] else {
                 unreachable!()
@@ -71,13 +78,14 @@ fn sends_to_one_peer_keep_their_order_and_resume() {
             .unwrap();
         }
         assert!(got[0] == *a && got[1] == *b && got[2] == *c);
-        let mut again = [vec![0u8; len], vec![0u8; len]];
+        let mut again = [vec![0u8; len], vec![0u8; blen]];
         {
             let [x, y] = &mut again[..] else {
                 unreachable!()
             };
-            m1.transfer(&mut [Xfer::recv(0, x), Xfer::recv(0, y)], "test", t)
-                .unwrap();
+            m1.transfer(&mut [Xfer::recv(0, x)], "test", t).unwrap();
+            wait_stop.recv().unwrap();
+            m1.transfer(&mut [Xfer::recv(0, y)], "test", t).unwrap();
         }
         assert!(again[0] == *a && again[1] == *b);
     });
