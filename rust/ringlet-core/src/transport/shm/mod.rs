@@ -527,6 +527,32 @@ impl ShmGroup {
             })
     }
 
+    /// Our slot range at `off` = the reduction, in rank order, of every peer's
+    /// same range and `local` (this rank's own contribution, which it never
+    /// staged: nobody else reads it).
+    pub fn reduce_own_part(
+        &self,
+        dtype: DType,
+        op: ReduceOp,
+        off: usize,
+        local: &[u8],
+    ) -> Result<()> {
+        let peers: Vec<usize> = (0..self.size).filter(|&p| p != self.rank).collect();
+        self.seg.with_own_and_slots(
+            self.rank,
+            &peers,
+            self.half_off(off),
+            local.len(),
+            |own, views| {
+                let mut srcs: Vec<&[u8]> = Vec::with_capacity(self.size);
+                srcs.extend_from_slice(&views[..self.rank]);
+                srcs.push(local);
+                srcs.extend_from_slice(&views[self.rank..]);
+                reduce::reduce_into(dtype, op, own, &srcs)
+            },
+        )
+    }
+
     /// Our slot range at `off` ⊕= every peer's same range (in place).
     pub fn reduce_into_own_slot(
         &self,
