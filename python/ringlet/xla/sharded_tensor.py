@@ -64,6 +64,7 @@ from .mesh import (
 )
 
 __all__ = [
+    "ShardingSpec",
     "XLAShard",
     "XLAShardedTensor",
     "clear_sharding",
@@ -75,8 +76,9 @@ __all__ = [
     "wrap_if_sharded",
 ]
 
-# Attribute set on an ``nn.Parameter`` sharded in place, pointing at its XLAShardedTensor.
-_PARAM_ATTR = LAYOUT_ATTR  # where a parameter sharded in place keeps its sharded tensor
+# Attribute set on an ``nn.Parameter`` sharded in place, pointing at its XLAShardedTensor
+# (the checkpoint layer finds the layout there).
+_PARAM_ATTR = LAYOUT_ATTR
 
 _Box = tuple[tuple[int, int], ...]
 

@@ -21,24 +21,8 @@ from typing import Any
 import torch
 
 from . import mesh as _mesh
-from .mesh import (
-    HybridMesh,
-    Mesh,
-    MeshAxis,
-    OpSharding,
-    PartitionSpec,
-    PartitionSpecEntry,
-    ShardIndices,
-    ShardingType,
-    all_shard_indices,
-    assemble_shards,
-    extract_shard,
-    get_1d_mesh,
-    get_global_mesh,
-    normalize_partition_spec,
-    set_global_mesh,
-    shard_indices,
-)
+from . import sharded_tensor as _sharded_tensor
+from .mesh import *  # noqa: F403  (the algebra: Mesh, HybridMesh, shard_indices, ...)
 
 # torch_xla's xla_sharding module carries these private helpers too; code and tests
 # written against it reach them here.
@@ -48,50 +32,12 @@ from .mesh import _get_sharding_type as _get_sharding_type
 from .mesh import _get_tile_assignment as _get_tile_assignment
 from .mesh import _read_back_sharding_type as _read_back_sharding_type
 from .mesh import _translate_named_partition_spec as _translate_named_partition_spec
-from .sharded_tensor import (
-    ShardingSpec,
-    XLAShard,
-    XLAShardedTensor,
-    clear_sharding,
-    disable_manual_sharding,
-    enable_manual_sharding,
-    mark_sharding,
-    unwrap_sharded_tensor,
-    wrap_as_sharded_tensor,
-    wrap_if_sharded,
-)
+from .sharded_tensor import *  # noqa: F403  (mark_sharding, XLAShardedTensor, ShardingSpec, ...)
 
-__all__ = [
-    "HybridMesh",
-    "Mesh",
-    "MeshAxis",
-    "OpSharding",
-    "PartitionSpec",
-    "PartitionSpecEntry",
-    "ShardIndices",
-    "ShardingSpec",
-    "ShardingType",
-    "all_shard_indices",
-    "assemble_shards",
-    "extract_shard",
-    "get_1d_mesh",
-    "get_global_mesh",
-    "normalize_partition_spec",
-    "set_global_mesh",
-    "shard_indices",
-    "XLAShard",
-    "XLAShardedTensor",
-    "clear_sharding",
-    "disable_manual_sharding",
-    "enable_manual_sharding",
-    "mark_sharding",
-    "unwrap_sharded_tensor",
-    "wrap_as_sharded_tensor",
-    "wrap_if_sharded",
-    "XLAPatchedLinear",
-    "apply_backward_optimization_barrier",
-    "xla_patched_nn_linear_forward",
-]
+__all__ = ["XLAPatchedLinear", "apply_backward_optimization_barrier",
+           "xla_patched_nn_linear_forward"]
+__all__ += _mesh.__all__
+__all__ += _sharded_tensor.__all__
 
 
 class XLAPatchedLinear(torch.autograd.Function):

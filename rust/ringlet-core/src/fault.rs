@@ -303,11 +303,12 @@ pub(crate) fn check_interrupt(rank: usize) -> crate::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// xorshift64*: a deterministic stream of fuzz words.
-    fn words(seed: u64) -> impl FnMut() -> u64 {
+    /// xorshift64*: a deterministic stream of fuzz words (also the transport's
+    /// descriptor fuzzing).
+    pub(crate) fn words(seed: u64) -> impl FnMut() -> u64 {
         let mut x = seed;
         move || {
             x ^= x >> 12;

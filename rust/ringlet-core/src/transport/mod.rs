@@ -306,17 +306,7 @@ pub(crate) fn follow_blame(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// xorshift64*: a deterministic stream of fuzz words.
-    fn words(seed: u64) -> impl FnMut() -> u64 {
-        let mut x = seed;
-        move || {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-    }
+    use crate::fault::tests::words;
 
     #[test]
     fn random_descriptors_decode_or_are_refused_never_panic() {

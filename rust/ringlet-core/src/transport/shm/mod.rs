@@ -553,21 +553,6 @@ impl ShmGroup {
         )
     }
 
-    /// Our slot range at `off` ⊕= every peer's same range (in place).
-    pub fn reduce_into_own_slot(
-        &self,
-        dtype: DType,
-        op: ReduceOp,
-        off: usize,
-        len: usize,
-    ) -> Result<()> {
-        let peers: Vec<usize> = (0..self.size).filter(|&p| p != self.rank).collect();
-        self.seg
-            .with_own_and_slots(self.rank, &peers, self.half_off(off), len, |own, srcs| {
-                reduce::reduce_inplace(dtype, op, own, srcs)
-            })
-    }
-
     /// Copies `dst.len()` bytes at address `addr` in `peer`'s process into
     /// `dst` (cross-memory attach).
     pub fn read_peer(
