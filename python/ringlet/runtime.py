@@ -121,7 +121,7 @@ def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, An
         # Unset: collectives never read peers' memory directly (the staged
         # path is faster here at every size; see DEFAULT_CMA_THRESHOLD in group.rs).
         "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", (1 << 64) - 1),
-        "small_bytes": _env_int("RINGLET_SMALL_BYTES", 64 << 10),
+        "small_bytes": _env_int("RINGLET_SMALL_BYTES", 2 << 10),
         "spins": _env_int(
             "RINGLET_SPIN",
             _SPINS_DEDICATED if local_ranks <= _cores() and not crowded else _SPINS_SHARED,

@@ -71,7 +71,7 @@ impl Default for Config {
             slot_bytes: DEFAULT_SLOT_BYTES,
             cma: true,
             cma_threshold: DEFAULT_CMA_THRESHOLD,
-            small_bytes: 64 << 10,
+            small_bytes: 2 << 10,
             spins: 2000,
             yield_for: Duration::from_millis(2),
             members: Vec::new(),

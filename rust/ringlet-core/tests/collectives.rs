@@ -195,6 +195,79 @@ fn all_gather_reduce_scatter_broadcast() {
     }
 }
 
+/// Small collectives back to back, so ranks run ahead of each other while
+/// the staging windows rotate and wrap (4 KiB slots hold only a few windows).
+#[test]
+fn back_to_back_small_collectives_through_rotating_windows() {
+    let cfg = Config {
+        timeout: Duration::from_secs(20),
+        slot_bytes: 32 << 10,
+        cma: false,
+        ..Config::default()
+    };
+    for size in [2, 3] {
+        let mut comms = local_group(size, &cfg).unwrap();
+        let failures = run_ranks(&mut comms, |r, c| {
+            let mut bad = Vec::new();
+            for it in 0..300usize {
+                let count = [1, 100, 1024, 1500, 3000][it % 5];
+                let mine = |rank: usize, i: usize| ((rank * 7 + i * 3 + it) % 11) as f32;
+                let mut b: Vec<f32> = (0..count).map(|i| mine(r, i)).collect();
+                c.all_reduce(bytemuck::cast_slice_mut(&mut b), DType::F32, ReduceOp::Sum)
+                    .unwrap();
+                let want: Vec<f32> = (0..count)
+                    .map(|i| (0..size).map(|q| mine(q, i)).sum())
+                    .collect();
+                if b != want {
+                    bad.push(format!("all_reduce it={it} count={count}"));
+                }
+                let part: Vec<f32> = (0..count).map(|i| mine(r, i)).collect();
+                let mut all = vec![0f32; count * size];
+                c.all_gather(
+                    bytemuck::cast_slice(&part),
+                    bytemuck::cast_slice_mut(&mut all),
+                    DType::F32,
+                )
+                .unwrap();
+                let want: Vec<f32> = (0..size)
+                    .flat_map(|q| (0..count).map(move |i| mine(q, i)))
+                    .collect();
+                if all != want {
+                    bad.push(format!("all_gather it={it} count={count}"));
+                }
+                let mut out = vec![0f32; count / size];
+                let m = out.len();
+                c.reduce_scatter(
+                    bytemuck::cast_slice(&all[..m * size]),
+                    bytemuck::cast_slice_mut(&mut out),
+                    DType::F32,
+                    ReduceOp::Sum,
+                )
+                .unwrap();
+                let want: Vec<f32> = all[r * m..(r + 1) * m]
+                    .iter()
+                    .map(|x| x * size as f32)
+                    .collect();
+                if out != want {
+                    bad.push(format!("reduce_scatter it={it} count={count}"));
+                }
+                let root = it % size;
+                let mut bc: Vec<f32> = (0..count).map(|i| mine(r, i)).collect();
+                c.broadcast(bytemuck::cast_slice_mut(&mut bc), DType::F32, root)
+                    .unwrap();
+                let want: Vec<f32> = (0..count).map(|i| mine(root, i)).collect();
+                if bc != want {
+                    bad.push(format!("broadcast it={it} count={count} root={root}"));
+                }
+            }
+            bad
+        });
+        for (r, bad) in failures.iter().enumerate() {
+            assert!(bad.is_empty(), "size={size} rank={r}: {bad:?}");
+        }
+    }
+}
+
 #[test]
 fn mismatched_calls_fail_on_every_rank_and_the_group_stays_usable() {
     for (name, cfg) in modes() {

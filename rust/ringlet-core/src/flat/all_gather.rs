@@ -68,11 +68,9 @@ fn shm_all_gather(
         return shm.sync(OP);
     }
     let stream = streams(output.len());
-    for (k, piece) in pieces(n, shm.half_bytes(), dtype.size())
-        .into_iter()
-        .enumerate()
-    {
-        shm.next_half();
+    let parts = pieces(n, shm.half_bytes(), dtype.size());
+    for (k, piece) in parts.iter().cloned().enumerate() {
+        shm.next_piece(desc.seq, k, parts.len(), piece.len());
         shm.put(0, &input[piece.clone()]);
         if k == 0 {
             shm.arrive(&desc)?;

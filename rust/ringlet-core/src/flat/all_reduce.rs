@@ -2,9 +2,9 @@
 //! reduction of every rank's buffer, bit-identical on all ranks.
 //!
 //! Shared memory, three paths by size:
-//! * small (<= `small_bytes`): each rank copies its buffer into its slot, one
-//!   phase, then every rank reduces all slots in rank order into its buffer.
-//!   One synchronisation per call.
+//! * small (<= `small_bytes`, 2 KiB by default): each rank copies its buffer
+//!   into its slot, one phase, then every rank reduces all slots in rank
+//!   order into its buffer. One synchronisation per call.
 //! * staged (above `small_bytes`, below `cma_threshold`): pieces of half a slot. Per
 //!   piece, rank r owns part r. Each rank stages only the parts its peers own
 //!   (its own part never leaves its buffer: (p-1)/p of the copy-in); after the
@@ -12,6 +12,11 @@
 //!   order, into its own slot, then every rank copies each owner's part out
 //!   (phase). Staging only peers' parts took 2 ranks from 76-118 to 60-64 µs at
 //!   1 MiB, 36-40 to 31-36 µs at 256 KiB and 273-286 to 239-296 µs at 4 MiB.
+//!   A message of one piece is staged in a window that moves through the
+//!   half ([`ShmGroup::next_window`]); with that, this path beats the small
+//!   one from 4 KiB on 2 ranks (fp32, µs: 4 KiB 2.3 vs 2.5, 16 KiB 3.5 vs
+//!   4.1, 64 KiB 7.5 vs 10.4), which is why `small_bytes` fell from 64 KiB
+//!   to 2 KiB.
 //! * single-copy (from `cma_threshold`, off by default: the staged path is
 //!   faster on the machines measured, see `group::DEFAULT_CMA_THRESHOLD`):
 //!   rank r owns part r. In pieces
@@ -86,7 +91,7 @@ fn one_phase(shm: &ShmGroup, cfg: &Config, n: usize) -> bool {
 /// The one-phase path's staging: `input` into this rank's slot, then the
 /// phase that makes every slot readable.
 fn stage(shm: &mut ShmGroup, desc: &OpDesc, input: &[u8]) -> Result<()> {
-    shm.next_half();
+    shm.next_window(desc.seq, input.len());
     shm.put(0, input);
     shm.arrive(desc)
 }
@@ -137,8 +142,9 @@ fn shm_all_reduce(
         }
         return shm.sync(OP);
     }
-    for (k, piece) in pieces(n, shm.half_bytes(), esz).into_iter().enumerate() {
-        shm.next_half();
+    let parts = pieces(n, shm.half_bytes(), esz);
+    for (k, piece) in parts.iter().cloned().enumerate() {
+        shm.next_piece(desc.seq, k, parts.len(), piece.len());
         let pcount = piece.len() / esz;
         let mine = part_bytes(pcount, p, r, esz);
         // Only the parts peers reduce are staged; our own part stays in `buf`.

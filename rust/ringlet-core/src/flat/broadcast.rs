@@ -91,11 +91,9 @@ pub(crate) fn shm_broadcast(
         return shm.sync(op);
     }
     let stream = streams(side.len());
-    for (k, piece) in pieces(side.len(), shm.half_bytes(), dtype.size())
-        .into_iter()
-        .enumerate()
-    {
-        shm.next_half();
+    let parts = pieces(side.len(), shm.half_bytes(), dtype.size());
+    for (k, piece) in parts.iter().cloned().enumerate() {
+        shm.next_piece(desc.seq, k, parts.len(), piece.len());
         if let Side::Root(b) = &side {
             shm.put(0, &b[piece.clone()]);
         }

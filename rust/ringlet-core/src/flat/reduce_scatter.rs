@@ -86,9 +86,16 @@ fn shm_reduce_scatter(
         return shm.sync(OP);
     }
     // Each piece covers the same sub-range of every block: p * piece <= half.
-    let per_block = (shm.half_bytes() / p / esz).max(1) * esz;
-    for (k, range) in pieces(m, per_block, esz).into_iter().enumerate() {
-        shm.next_half();
+    // Blocks that all fit in a half at whole cache lines go in one piece.
+    let fit = m.div_ceil(64).max(1) * 64;
+    let per_block = if fit * p <= shm.half_bytes() {
+        fit
+    } else {
+        (shm.half_bytes() / p / esz).max(1) * esz
+    };
+    let parts = pieces(m, per_block, esz);
+    for (k, range) in parts.iter().cloned().enumerate() {
+        shm.next_piece(desc.seq, k, parts.len(), p * per_block);
         for j in 0..p {
             shm.put(
                 j * per_block,

@@ -132,6 +132,17 @@ impl OpDesc {
     pub fn agrees_with(&self, other: &OpDesc) -> bool {
         OpDesc { addr: 0, ..*self } == OpDesc { addr: 0, ..*other }
     }
+
+    /// A 64-bit digest of what [`agrees_with`](Self::agrees_with) compares
+    /// (every field but `addr`): equal descriptors have equal digests, and
+    /// different ones collide with probability about 2^-64.
+    pub fn digest(&self) -> u64 {
+        let w = OpDesc { addr: 0, ..*self }.encode();
+        w.iter().fold(0x243f_6a88_85a3_08d3u64, |h, &x| {
+            let v = (h ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            v ^ (v >> 29)
+        })
+    }
 }
 
 /// Compares every rank's descriptor with ours; the message names each rank
@@ -325,5 +336,52 @@ mod tests {
             }
         }
         assert!(decoded > 0);
+    }
+
+    #[test]
+    fn digests_follow_agreement() {
+        let base = OpDesc {
+            seq: 9,
+            kind: OpKind::AllReduce,
+            dtype: DType::F32,
+            op: Some(ReduceOp::Sum),
+            count: 1024,
+            root: 0,
+            addr: 0x1000,
+        };
+        // the address is each rank's own: it never makes a disagreement
+        assert_eq!(
+            base.digest(),
+            OpDesc {
+                addr: 0x2000,
+                ..base
+            }
+            .digest()
+        );
+        let others = [
+            OpDesc { seq: 10, ..base },
+            OpDesc {
+                kind: OpKind::Broadcast,
+                ..base
+            },
+            OpDesc {
+                dtype: DType::BF16,
+                ..base
+            },
+            OpDesc {
+                op: Some(ReduceOp::Max),
+                ..base
+            },
+            OpDesc { op: None, ..base },
+            OpDesc {
+                count: 1025,
+                ..base
+            },
+            OpDesc { root: 1, ..base },
+        ];
+        for d in others {
+            assert!(!d.agrees_with(&base));
+            assert_ne!(d.digest(), base.digest(), "{d:?}");
+        }
     }
 }

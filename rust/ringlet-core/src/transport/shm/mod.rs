@@ -66,6 +66,15 @@ impl NoticeBoard for Notifier {
     }
 }
 
+/// The start of operation `seq`'s window of `bytes` in a half of
+/// `half_bytes`: windows are whole pages, and the two halves alternate, so
+/// consecutive uses of one half (seq, seq + 2, ...) step through its windows.
+fn window_base(half_bytes: usize, seq: u64, bytes: usize) -> usize {
+    let step = bytes.div_ceil(4096).max(1) * 4096;
+    let windows = (half_bytes / step).max(1) as u64;
+    ((seq / 2) % windows) as usize * step
+}
+
 /// The shared-memory group of one communicator (all its ranks on one host).
 pub struct ShmGroup {
     rank: usize,
@@ -83,6 +92,9 @@ pub struct ShmGroup {
     counter: u32,
     /// Which half of the slots the current piece uses.
     half: usize,
+    /// Where in the current half this piece's bytes start (see
+    /// [`next_window`](Self::next_window)); 0 after [`next_half`](Self::next_half).
+    base: usize,
     /// Sequence number of the current operation.
     seq: u64,
     policy: WaitPolicy,
@@ -186,6 +198,7 @@ impl ShmGroup {
             cma,
             counter,
             half: 0,
+            base: 0,
             seq: 0,
             policy,
             _probe: probe,
@@ -213,7 +226,7 @@ impl ShmGroup {
     }
 
     fn half_off(&self, off: usize) -> usize {
-        self.half * self.half_bytes() + off
+        self.half * self.half_bytes() + self.base + off
     }
 
     /// Bumps our phase counter, waking peers parked on it.
@@ -456,12 +469,24 @@ impl ShmGroup {
     /// `put`) *before* calling this, into the half that `next_half` returns.
     pub fn arrive(&mut self, desc: &OpDesc) -> Result<()> {
         let c = self.seg.ctl(self.rank);
-        for (slot, w) in c.desc[(desc.seq % 2) as usize].iter().zip(desc.encode()) {
+        let parity = (desc.seq % 2) as usize;
+        for (slot, w) in c.desc[parity].iter().zip(desc.encode()) {
             slot.store(w, Ordering::Relaxed);
         }
+        let digest = desc.digest();
+        c.digest[parity].store(digest, Ordering::Relaxed);
         self.signal();
         self.wait_all(desc.kind.name())?;
         self.seq = desc.seq;
+        // The digests came with the counters (one cache line): the
+        // descriptors themselves are read only to name who disagrees. This
+        // saves a cache-line transfer per peer per operation (about 0.1 µs
+        // of a 4-byte all-reduce's 1.8 on 2 ranks).
+        let agreed = (0..self.size)
+            .all(|r| self.seg.ctl(r).digest[parity].load(Ordering::Acquire) == digest);
+        if agreed {
+            return Ok(());
+        }
         let all: Vec<OpDesc> = (0..self.size)
             .map(|r| self.peer_desc(r))
             .collect::<Result<_>>()?;
@@ -489,6 +514,34 @@ impl ShmGroup {
     /// Moves to the other slot half; call before writing each new piece.
     pub fn next_half(&mut self) {
         self.half ^= 1;
+        self.base = 0;
+    }
+
+    /// As [`next_half`](Self::next_half) for an operation `seq` that stages
+    /// `bytes` (at most a half) in one piece: the piece goes to a window of
+    /// the half that moves on with every use of that half, so the lines
+    /// written now were last written, and read by the peers, a whole half
+    /// of traffic ago. Rewriting the lines peers have just read is what a
+    /// small shared-memory collective spends most on (each store must take
+    /// the line back from the peers' caches, over half the time of a 64 KiB
+    /// all-reduce by `perf`); with windows, 2 ranks took 12.7-12.9 -> 10.2-10.4
+    /// µs at 64 KiB and 4.6-4.7 -> 4.0-4.1 µs at 16 KiB on the one-phase
+    /// path. Every rank derives the window from the agreed `seq` and
+    /// `bytes`, so no state can drift between ranks.
+    pub fn next_window(&mut self, seq: u64, bytes: usize) {
+        self.next_half();
+        self.base = window_base(self.half_bytes(), seq, bytes);
+    }
+
+    /// The move before staging piece `k` of `count` of operation `seq`, each
+    /// at most `bytes`: a moving window when the whole operation is one
+    /// piece, else the next half.
+    pub fn next_piece(&mut self, seq: u64, k: usize, count: usize, bytes: usize) {
+        if count == 1 && k == 0 {
+            self.next_window(seq, bytes);
+        } else {
+            self.next_half();
+        }
     }
 
     /// Copies `src` into our slot (current half) at `off`.
@@ -605,5 +658,37 @@ fn agree_all(
         let mut out = [0u8; 1];
         mesh.transfer(&mut [Xfer::recv(0, &mut out)], op, t)?;
         Ok(out[0] == 1)
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::window_base;
+
+    #[test]
+    fn windows_are_whole_pages_inside_the_half_and_move_on() {
+        for half in [4096usize, 32 << 10, 512 << 10] {
+            for bytes in [0, 1, 4095, 4096, 4097, 16 << 10, 64 << 10, 300 << 10, half] {
+                if bytes > half {
+                    continue;
+                }
+                let step = bytes.div_ceil(4096).max(1) * 4096;
+                let windows = (half / step).max(1);
+                let mut seen = std::collections::BTreeSet::new();
+                for seq in 0..(4 * windows as u64 + 3) {
+                    let base = window_base(half, seq, bytes);
+                    assert_eq!(base % 4096, 0, "half={half} bytes={bytes} seq={seq}");
+                    assert!(base + bytes <= half, "half={half} bytes={bytes} seq={seq}");
+                    if seq % 2 == 0 {
+                        seen.insert(base);
+                    }
+                    if windows > 1 {
+                        // the same half's next use takes another window
+                        assert_ne!(base, window_base(half, seq + 2, bytes));
+                    }
+                }
+                assert_eq!(seen.len(), windows, "half={half} bytes={bytes}");
+            }
+        }
     }
 }

@@ -41,7 +41,11 @@ pub struct RankCtl {
     /// code (written before `state`).
     pub notice_culprit: AtomicU64,
     pub notice_cause: AtomicU64,
-    _pad0: [u64; 3],
+    /// A digest of each published descriptor (indexed like `desc`), in the
+    /// same cache line as `counter`: a peer that sees the phase also has
+    /// the digest, and reads `desc` only when the digests differ.
+    pub digest: [AtomicU64; 2],
+    _pad0: [u64; 1],
     /// The operation descriptors this rank published, indexed by sequence
     /// parity: a rank can run at most one operation ahead of its slowest peer,
     /// so two buffers keep the one a peer may still be reading intact.
