@@ -196,7 +196,8 @@ fn all_gather_reduce_scatter_broadcast() {
 }
 
 /// Small collectives back to back, so ranks run ahead of each other while
-/// the staging windows rotate and wrap (4 KiB slots hold only a few windows).
+/// the staging windows rotate and wrap (32 KiB slots: a 16 KiB half holds
+/// at most 4 windows).
 #[test]
 fn back_to_back_small_collectives_through_rotating_windows() {
     let cfg = Config {

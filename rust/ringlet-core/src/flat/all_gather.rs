@@ -70,7 +70,7 @@ fn shm_all_gather(
     let stream = streams(output.len());
     let parts = pieces(n, shm.half_bytes(), dtype.size());
     for (k, piece) in parts.iter().cloned().enumerate() {
-        shm.next_piece(desc.seq, k, parts.len(), piece.len());
+        shm.next_piece(desc.seq, parts.len(), piece.len());
         shm.put(0, &input[piece.clone()]);
         if k == 0 {
             shm.arrive(&desc)?;

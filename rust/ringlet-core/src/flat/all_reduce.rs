@@ -144,7 +144,7 @@ fn shm_all_reduce(
     }
     let parts = pieces(n, shm.half_bytes(), esz);
     for (k, piece) in parts.iter().cloned().enumerate() {
-        shm.next_piece(desc.seq, k, parts.len(), piece.len());
+        shm.next_piece(desc.seq, parts.len(), piece.len());
         let pcount = piece.len() / esz;
         let mine = part_bytes(pcount, p, r, esz);
         // Only the parts peers reduce are staged; our own part stays in `buf`.
@@ -260,27 +260,50 @@ fn recursive_doubling(
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (p, r) = (mesh.size(), mesh.rank());
-    let q = 1usize << (usize::BITS - 1 - p.leading_zeros());
-    let extra = p - q;
+    doubling(
+        mesh.size(),
+        mesh.rank(),
+        |i| i,
+        buf,
+        dtype,
+        op,
+        |x| mesh.transfer(x, OP, cfg.timeout),
+    )
+}
+
+/// Recursive doubling (as above) among `n` participants, of which this one
+/// is `me`: `rank_of(i)` is participant i's rank in the mesh, and `transfer`
+/// runs one step's transfers. The flat TCP all-reduce runs it over every
+/// rank, the two-level one over each host's owner of a channel.
+pub(crate) fn doubling(
+    n: usize,
+    me: usize,
+    rank_of: impl Fn(usize) -> usize,
+    buf: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+    transfer: impl Fn(&mut [Xfer<'_>]) -> Result<()>,
+) -> Result<()> {
+    let q = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let extra = n - q;
     let len = buf.len();
     let mut theirs = scratch(len);
     let mut out = scratch(len);
     let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut theirs)[..len];
     let o = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..len];
     // Index among the q participants (None: an even folder that sits out),
-    // and the rank that holds participant `i`.
-    let index = if r < 2 * extra {
-        (r % 2 == 1).then_some(r / 2)
+    // and the participant that holds index `i`.
+    let index = if me < 2 * extra {
+        (me % 2 == 1).then_some(me / 2)
     } else {
-        Some(r - extra)
+        Some(me - extra)
     };
-    let rank_of = |i: usize| if i < extra { 2 * i + 1 } else { i + extra };
-    if r < 2 * extra {
-        if r % 2 == 0 {
-            mesh.transfer(&mut [Xfer::send(r + 1, buf)], OP, cfg.timeout)?;
+    let holder = |i: usize| if i < extra { 2 * i + 1 } else { i + extra };
+    if me < 2 * extra {
+        if me.is_multiple_of(2) {
+            transfer(&mut [Xfer::send(rank_of(me + 1), buf)])?;
         } else {
-            mesh.transfer(&mut [Xfer::recv(r - 1, t)], OP, cfg.timeout)?;
+            transfer(&mut [Xfer::recv(rank_of(me - 1), t)])?;
             reduce::reduce_into(dtype, op, o, &[&*t, &*buf])?;
             buf.copy_from_slice(o);
         }
@@ -289,12 +312,8 @@ fn recursive_doubling(
         let mut mask = 1;
         while mask < q {
             let partner = i ^ mask;
-            let peer = rank_of(partner);
-            mesh.transfer(
-                &mut [Xfer::send(peer, buf), Xfer::recv(peer, t)],
-                OP,
-                cfg.timeout,
-            )?;
+            let peer = rank_of(holder(partner));
+            transfer(&mut [Xfer::send(peer, buf), Xfer::recv(peer, t)])?;
             if partner < i {
                 reduce::reduce_into(dtype, op, o, &[&*t, &*buf])?;
             } else {
@@ -304,11 +323,11 @@ fn recursive_doubling(
             mask <<= 1;
         }
     }
-    if r < 2 * extra {
-        if r % 2 == 1 {
-            mesh.transfer(&mut [Xfer::send(r - 1, buf)], OP, cfg.timeout)?;
+    if me < 2 * extra {
+        if me % 2 == 1 {
+            transfer(&mut [Xfer::send(rank_of(me - 1), buf)])?;
         } else {
-            mesh.transfer(&mut [Xfer::recv(r + 1, buf)], OP, cfg.timeout)?;
+            transfer(&mut [Xfer::recv(rank_of(me + 1), buf)])?;
         }
     }
     Ok(())

@@ -184,7 +184,7 @@ fn shm_all_to_all(
     let rounds = longest.div_ceil(window).max(1);
     for k in 0..rounds {
         let win = k * window..(k + 1) * window;
-        shm.next_piece(desc.seq, k, rounds, longest.min(window));
+        shm.next_piece(desc.seq, rounds, longest.min(window));
         if win.start < send.len() {
             shm.put(0, &send[win.start..win.end.min(send.len())]);
         }

@@ -93,7 +93,7 @@ pub(crate) fn shm_broadcast(
     let stream = streams(side.len());
     let parts = pieces(side.len(), shm.half_bytes(), dtype.size());
     for (k, piece) in parts.iter().cloned().enumerate() {
-        shm.next_piece(desc.seq, k, parts.len(), piece.len());
+        shm.next_piece(desc.seq, parts.len(), piece.len());
         if let Side::Root(b) = &side {
             shm.put(0, &b[piece.clone()]);
         }

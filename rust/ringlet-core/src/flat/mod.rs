@@ -18,7 +18,7 @@
 //! [`Communicator`]: crate::group::Communicator
 
 mod all_gather;
-mod all_reduce;
+pub(crate) mod all_reduce;
 pub(crate) mod all_to_all;
 pub(crate) mod broadcast;
 mod reduce_scatter;

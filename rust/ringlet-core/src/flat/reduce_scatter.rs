@@ -95,7 +95,7 @@ fn shm_reduce_scatter(
     };
     let parts = pieces(m, per_block, esz);
     for (k, range) in parts.iter().cloned().enumerate() {
-        shm.next_piece(desc.seq, k, parts.len(), p * per_block);
+        shm.next_piece(desc.seq, parts.len(), p * per_block);
         for j in 0..p {
             shm.put(
                 j * per_block,

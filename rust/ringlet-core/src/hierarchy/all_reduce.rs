@@ -13,6 +13,7 @@
 use super::{bytes, chunks, give, pipeline, round_up, take, view, LocalSide, Net, Plan};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
+use crate::flat::all_reduce::doubling;
 use crate::flat::part_bytes;
 use crate::group::Communicator;
 use crate::reduce;
@@ -169,69 +170,6 @@ fn pair_sends<'p>(plan: &Plan, n: &'p Piece<'_>, esz: usize) -> Vec<(usize, &'p 
 const DOUBLING_MIN_HOSTS: usize = 8;
 const DOUBLING_MAX_BYTES: usize = 64 << 10;
 
-/// Recursive doubling of `seg` among `owners` (one per host; this rank is
-/// the owner on host `h`). With `q` the largest power of two not above H,
-/// the first `2(H - q)` hosts pair up and the odd one folds its partner's
-/// run in; in step k each of the `q` remaining swaps its partial result
-/// with the one whose index differs in bit k and both reduce the two, lower
-/// index first, so every owner computes the same bits; the folders then hand
-/// the result back.
-fn doubling(
-    net: &Net<'_>,
-    seg: &mut [u8],
-    owners: &[usize],
-    h: usize,
-    dtype: DType,
-    op: ReduceOp,
-) -> Result<()> {
-    let hosts = owners.len();
-    let q = 1usize << (usize::BITS - 1 - hosts.leading_zeros());
-    let extra = hosts - q;
-    let len = seg.len();
-    let mut theirs = vec![0u64; len.div_ceil(8)];
-    let mut out = vec![0u64; len.div_ceil(8)];
-    let t = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut theirs)[..len];
-    let o = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut out)[..len];
-    let index = if h < 2 * extra {
-        (h % 2 == 1).then_some(h / 2)
-    } else {
-        Some(h - extra)
-    };
-    let host_of = |i: usize| if i < extra { 2 * i + 1 } else { i + extra };
-    if h < 2 * extra {
-        if h.is_multiple_of(2) {
-            net.transfer(&mut [Xfer::send(owners[h + 1], seg)])?;
-        } else {
-            net.transfer(&mut [Xfer::recv(owners[h - 1], t)])?;
-            reduce::reduce_into(dtype, op, o, &[&*t, &*seg])?;
-            seg.copy_from_slice(o);
-        }
-    }
-    if let Some(i) = index {
-        let mut mask = 1;
-        while mask < q {
-            let partner = i ^ mask;
-            let peer = owners[host_of(partner)];
-            net.transfer(&mut [Xfer::send(peer, seg), Xfer::recv(peer, t)])?;
-            if partner < i {
-                reduce::reduce_into(dtype, op, o, &[&*t, &*seg])?;
-            } else {
-                reduce::reduce_into(dtype, op, o, &[&*seg, &*t])?;
-            }
-            seg.copy_from_slice(o);
-            mask <<= 1;
-        }
-    }
-    if h < 2 * extra {
-        if h % 2 == 1 {
-            net.transfer(&mut [Xfer::send(owners[h - 1], seg)])?;
-        } else {
-            net.transfer(&mut [Xfer::recv(owners[h + 1], seg)])?;
-        }
-    }
-    Ok(())
-}
-
 /// All-reduces this rank's channels of one piece with their owners on the
 /// other hosts; the result is left in `p.shard`. With two hosts the sends of
 /// the `next` piece, when it is ready, go out behind this piece's, so the
@@ -284,7 +222,15 @@ fn cross(
     for (chans, owners) in plan.segments() {
         let seg = &mut shard[(chans.start - first) * chan..(chans.end - first) * chan];
         if hosts >= DOUBLING_MIN_HOSTS && seg.len() <= DOUBLING_MAX_BYTES {
-            doubling(net, seg, &owners, h, dtype, op)?;
+            doubling(
+                owners.len(),
+                h,
+                |i| owners[i],
+                seg,
+                dtype,
+                op,
+                |x| net.transfer(x),
+            )?;
             continue;
         }
         let e = seg.len() / esz;

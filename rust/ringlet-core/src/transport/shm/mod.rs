@@ -533,11 +533,11 @@ impl ShmGroup {
         self.base = window_base(self.half_bytes(), seq, bytes);
     }
 
-    /// The move before staging piece `k` of `count` of operation `seq`, each
-    /// at most `bytes`: a moving window when the whole operation is one
-    /// piece, else the next half.
-    pub fn next_piece(&mut self, seq: u64, k: usize, count: usize, bytes: usize) {
-        if count == 1 && k == 0 {
+    /// The move before staging a piece of operation `seq`, which moves
+    /// `count` pieces of at most `bytes`: a moving window when the whole
+    /// operation is one piece, else the next half.
+    pub fn next_piece(&mut self, seq: u64, count: usize, bytes: usize) {
+        if count == 1 {
             self.next_window(seq, bytes);
         } else {
             self.next_half();
