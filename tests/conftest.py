@@ -46,6 +46,12 @@ def _worker(
 ) -> None:
     os.environ.update(env)
     try:
+        import torch
+
+        # The ranks share the machine's cores: one intra-op thread each. (An
+        # OMP_NUM_THREADS set here comes too late: torch is imported already,
+        # and its idle OpenMP workers spin-wait on the cores the other ranks need.)
+        torch.set_num_threads(1)
         import ringlet
 
         if init:

@@ -26,8 +26,8 @@ from conftest import free_port
 HERE = Path(__file__).parent
 
 
-def _launch(net: netns.Hosts, layout: list[int], out: Path, env: dict[str, str]
-            ) -> list[subprocess.Popen]:
+def _launch(net: netns.Hosts, layout: list[int], out: Path, env: dict[str, str],
+            job: str = "netns_job.py") -> list[subprocess.Popen]:
     port = free_port()
     procs: list[subprocess.Popen] = []
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -39,7 +39,7 @@ def _launch(net: netns.Hosts, layout: list[int], out: Path, env: dict[str, str]
             [*net.exec_argv(h), sys.executable, "-m", "torch.distributed.run",
              "--nnodes", str(len(layout)), "--nproc_per_node", str(lh), "--node_rank", str(h),
              "--master_addr", net.addrs[0], "--master_port", str(port),
-             str(HERE / "netns_job.py")],
+             str(HERE / job)],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,
         ))
@@ -132,4 +132,28 @@ def test_two_hosts_then_cut_link_mid_pipeline() -> None:
         assert c["cause"] in ("timeout", "unreachable"), (r, c)
         assert f"rank {c['culprit']}" in c["msg"], c
         assert c["after"] < timeout + 4.0, (r, c)  # timeout, blame grace, slack for load
+    assert shm_entries() <= before
+
+
+@pytest.mark.parametrize("layout", [[2, 2], [1, 3]], ids=["2x2", "uneven-1+3"])
+def test_bagua_algorithms_across_namespace_hosts(layout: list[int]) -> None:
+    """ByteGrad (hierarchical and flat) and decentralized SGD across real
+    hosts match the plain-torch references (tests/netns_algorithms_job.py)."""
+    why = netns.why_not(rate=False)
+    if why:
+        pytest.skip(why)
+    before = shm_entries()
+    out = Path(tempfile.mkdtemp(prefix="ringlet-netns-alg-"))
+    n = sum(layout)
+    with netns.Hosts(len(layout), rate=None, tag="rltest") as net:
+        procs = _launch(net, layout, out, {"RINGLET_TIMEOUT": "60"}, "netns_algorithms_job.py")
+        try:
+            _wait_for(out, [f"alg{r}.json" for r in range(n)], time.monotonic() + 300, procs)
+            for p in procs:
+                assert p.wait(timeout=120) == 0
+        finally:
+            _stop(procs)
+    got = {r: json.loads((out / f"alg{r}.json").read_text()) for r in range(n)}
+    shutil.rmtree(out, ignore_errors=True)
+    assert all(g["layout"] == layout for g in got.values()), got
     assert shm_entries() <= before

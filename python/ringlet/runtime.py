@@ -245,6 +245,51 @@ def _connect(
     return comm, hosts
 
 
+def _connect_members(
+    store: Any, key: str, members: list[int], me: int, addr: str, timeout: float,
+    name: str, domain: int, levels: bool = True,
+) -> tuple[_core.Communicator, _HostTable]:
+    """Connects the global ranks ``members`` (``me`` among them) under
+    ``key``; with ``levels``, a group spanning hosts with several ranks on
+    some host runs its collectives in two levels. A one-rank group needs no
+    network."""
+    if len(members) == 1:
+        hosts = _HostTable([_host_id()])
+        return _core.Communicator.single(domain), hosts
+    i = members.index(me)
+    comm, hosts = _connect(store, key, i, len(members), addr, timeout, members=list(members),
+                           name=name, domain=domain)
+    if levels:
+        local = _hierarchy(store, key, i, hosts, addr, timeout, domain, members=list(members))
+        if local is not None:
+            comm.attach_levels(local, _layout(hosts))
+    return comm, hosts
+
+
+def _bagua_levels(
+    store: Any, key: str, members: list[int], me: int, hosts: list[str], addr: str,
+    timeout: float, name: str, domain: int,
+) -> tuple[_core.Communicator, Optional[_core.Communicator], int]:
+    """Bagua's two levels over ``members`` (global ranks, ``hosts[i]`` the
+    host of ``members[i]``): the members on this rank's host, and the first
+    member of each host (``None`` on other ranks); returns them and the
+    number of hosts. Collective over the members."""
+    first: dict[str, int] = {}
+    for r, h in zip(members, hosts):
+        first.setdefault(h, r)
+    leaders = list(first.values())
+    mine = hosts[members.index(me)]
+    local = [r for r, h in zip(members, hosts) if h == mine]
+    host = leaders.index(local[0])
+    intra, _ = _connect_members(store, f"{key}/intra{host}", local, me, addr, timeout,
+                                f"host {host} of {name}", domain, levels=False)
+    inter = None
+    if me == local[0]:
+        inter, _ = _connect_members(store, f"{key}/inter", leaders, me, addr, timeout,
+                                    f"the hosts' first ranks of {name}", domain, levels=False)
+    return intra, inter, len(leaders)
+
+
 def _new_domain() -> int:
     return secrets.randbits(63) | 1
 
@@ -255,6 +300,7 @@ def init(
     master_addr: Optional[str] = None,
     master_port: Optional[int] = None,
     timeout: Optional[float] = None,
+    store: Any = None,
 ) -> None:
     """Joins this process to the job's communicator.
 
@@ -273,6 +319,10 @@ def init(
         ``$MASTER_PORT`` or 29500.
       timeout (float, optional): Seconds a rank waits for a peer before
         raising. Default: ``$RINGLET_TIMEOUT`` or 300.
+      store (torch.distributed.Store, optional): A key-value store every
+        rank shares, used instead of connecting to ``master_addr``
+        (``rank`` and ``world_size`` then come from the arguments or the
+        environment as usual). Default: None.
 
     Example:
       >>> import ringlet
@@ -301,8 +351,10 @@ def init(
             )
             return
         addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        port = int(master_port if master_port is not None else _env_int("MASTER_PORT", 29500))
-        store = _make_store(addr, port, rank, world, float(wait))
+        given = store is not None
+        if not given:
+            port = int(master_port if master_port is not None else _env_int("MASTER_PORT", 29500))
+            store = _make_store(addr, port, rank, world, float(wait))
         # Every rank of a job counts its arrival in the store; the count tells
         # all of them the same generation, however often each process
         # initialised before (a store may outlive a job).
@@ -323,7 +375,8 @@ def init(
             comm.barrier()
         _state = _State(
             rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier,
-            hosts_store=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+            hosts_store=(rank == 0 and not given
+                         and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"),
             domain=domain,
         )
 

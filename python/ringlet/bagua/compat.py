@@ -14,6 +14,18 @@ tensor and absent on others; and ``bagua_module_name`` to
 :class:`torch.nn.Module` (an alias of ``ringlet_module_name``, assignable), so
 code written for Bagua's tensor API runs unchanged.
 
+It also stands for ``bagua.torch_api`` itself, so Bagua code runs after
+replacing ``import bagua.torch_api as bagua`` with ``import
+ringlet.compat.bagua as bagua``: ``init_process_group``, ``get_rank``,
+``get_world_size``, ``get_local_rank``, ``get_local_size``, the collectives
+and ``ReduceOp``, and the submodules ``algorithms`` (with ``base``,
+``gradient_allreduce``, ``bytegrad``, ``decentralized``, ``q_adam``,
+``async_model_average``), ``communication``, ``bucket``, ``env``,
+``utils``, ``tensor`` and ``data_parallel``, importable under this name
+(``from ringlet.compat.bagua.algorithms.q_adam import QAdamOptimizer``);
+and ``with_bagua`` with ``bagua_algorithm``, ``bagua_buckets`` and
+``bagua_optimizers`` on :class:`torch.nn.Module`.
+
 Example:
   >>> import torch, ringlet.compat.bagua
   >>> t = torch.zeros(3).ensure_bagua_tensor("t")
@@ -23,10 +35,38 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Optional
 
 import torch
 
+from . import algorithms, bucket, communication, data_parallel, env, tensor, utils
+from .communication import (
+    ReduceOp,
+    allgather,
+    allgather_inplace,
+    allreduce,
+    allreduce_inplace,
+    alltoall,
+    alltoall_inplace,
+    alltoall_v,
+    alltoall_v_inplace,
+    barrier,
+    broadcast,
+    gather,
+    gather_inplace,
+    get_backend,
+    init_process_group,
+    recv,
+    reduce,
+    reduce_inplace,
+    reduce_scatter,
+    reduce_scatter_inplace,
+    scatter,
+    scatter_inplace,
+    send,
+)
+from .env import get_local_rank, get_local_size, get_rank, get_world_size
 from .tensor import (
     Getter,
     Setter,
@@ -37,7 +77,42 @@ from .tensor import (
     is_ringlet_tensor,
 )
 
-__all__: list[str] = []
+__all__ = [
+    "ReduceOp",
+    "algorithms",
+    "allgather",
+    "allgather_inplace",
+    "allreduce",
+    "allreduce_inplace",
+    "alltoall",
+    "alltoall_inplace",
+    "alltoall_v",
+    "alltoall_v_inplace",
+    "barrier",
+    "broadcast",
+    "bucket",
+    "communication",
+    "data_parallel",
+    "env",
+    "gather",
+    "gather_inplace",
+    "get_backend",
+    "get_local_rank",
+    "get_local_size",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "recv",
+    "reduce",
+    "reduce_inplace",
+    "reduce_scatter",
+    "reduce_scatter_inplace",
+    "scatter",
+    "scatter_inplace",
+    "send",
+    "tensor",
+    "utils",
+]
 
 
 class _TensorAttribute:
@@ -126,3 +201,26 @@ for _name, _attr in _ATTRIBUTES.items():
 torch.nn.Module.bagua_module_name = property(  # type: ignore[attr-defined]
     _get_module_name, _set_module_name, _del_module_name, _get_module_name.__doc__
 )
+data_parallel.install("bagua")
+
+# Bagua's submodules under this module's names (both of them), so
+# ``from ringlet.compat.bagua.algorithms.q_adam import QAdamOptimizer``
+# finds ringlet's modules.
+_SUBMODULES = {
+    "algorithms": algorithms,
+    "algorithms.base": algorithms.base,
+    "algorithms.gradient_allreduce": algorithms.gradient_allreduce,
+    "algorithms.bytegrad": algorithms.bytegrad,
+    "algorithms.decentralized": algorithms.decentralized,
+    "algorithms.q_adam": algorithms.q_adam,
+    "algorithms.async_model_average": algorithms.async_model_average,
+    "bucket": bucket,
+    "communication": communication,
+    "data_parallel": data_parallel,
+    "env": env,
+    "tensor": tensor,
+    "utils": utils,
+}
+for _home in ("ringlet.bagua.compat", "ringlet.compat.bagua"):
+    for _rel, _mod in _SUBMODULES.items():
+        sys.modules.setdefault(f"{_home}.{_rel}", _mod)

@@ -83,6 +83,8 @@ class DistributedDataParallel(torch.nn.Module):
         broadcast_parameters: bool = True,
         name: str | None = None,
         find_unused_parameters: bool = False,
+        algorithm: Any = None,
+        optimizers: list[torch.optim.Optimizer] | None = None,
     ) -> None:
         super().__init__()
         if bucket_cap_mb <= 0:
@@ -91,6 +93,10 @@ class DistributedDataParallel(torch.nn.Module):
         self.module = module
         self.ringlet_module_name: str = name if name is not None else f"ddp{next(_names)}"
         module.ringlet_module_name = self.ringlet_module_name
+        self._algorithm: Any = None
+        if algorithm is not None:
+            self._wrap_with(algorithm, optimizers, bucket_cap_mb, broadcast_parameters)
+            return
         self._sync = True
         self._callback_queued = False
         self._marked: set[str] = set()
@@ -113,6 +119,32 @@ class DistributedDataParallel(torch.nn.Module):
             p.register_post_accumulate_grad_hook(self._make_hook(n)) for n, p in named
         ]
 
+    def _wrap_with(self, algorithm: Any, optimizers: Any, bucket_cap_mb: float,
+                   broadcast_parameters: bool) -> None:
+        """Trains through one of Bagua's algorithms (``with_ringlet``)."""
+        from .bucket import _default_group
+        from .communication import broadcast
+        from .data_parallel import BaguaDistributedDataParallel
+
+        group = _default_group()
+        if broadcast_parameters:
+            for b in self.module.buffers():
+                if b.numel():
+                    broadcast(b.data, 0, group.get_global_communicator())
+        inner = BaguaDistributedDataParallel(
+            self.module, list(optimizers or []), algorithm, group,
+            bagua_module_name=self.ringlet_module_name,
+            bucket_bytes=int(bucket_cap_mb * (1 << 20)),
+        )
+        self.module.__dict__["bagua_ddp"] = inner
+        self._algorithm = inner
+        self._sync = True
+
+    @property
+    def ringlet_algorithm(self) -> Any:
+        """The algorithm implementation (``None`` for exact averaging)."""
+        return None if self._algorithm is None else self._algorithm.bagua_algorithm
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the wrapped module."""
         return self.module(*args, **kwargs)
@@ -129,14 +161,22 @@ class DistributedDataParallel(torch.nn.Module):
           >>> model(x2).sum().backward()   # averages the grads of x1 and x2
         """
         before, self._sync = self._sync, False
+        inner = self._algorithm
+        if inner is not None:
+            inner.require_backward_grad_sync = False
         try:
             yield
         finally:
             self._sync = before
+            if inner is not None:
+                inner.require_backward_grad_sync = before
 
     @property
     def buckets(self) -> list[list[str]]:
         """The parameter names of each bucket, in communication order."""
+        if self._algorithm is not None:
+            return [[t.ringlet_tensor_name for t in b.tensors]
+                    for b in self._algorithm.bagua_buckets]
         return [[t.ringlet_tensor_name for t in b] for b in self._tensors.buckets()]
 
     def _make_hook(self, name: str) -> Any:

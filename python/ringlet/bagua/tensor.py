@@ -33,7 +33,7 @@ import atexit
 import ctypes
 import itertools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -98,6 +98,20 @@ class BackendTensor:
 
     name: str
     module_name: Optional[str]
+    proxy: Optional[torch.Tensor] = field(default=None, compare=False, repr=False)
+
+    def data_ptr(self) -> int:
+        """Returns the data pointer of the effective tensor now (Bagua's
+        ``bagua_backend_tensor().data_ptr()``).
+
+        Returns:
+          int: The address, 0 when the getter returns ``None``.
+        """
+        proxy = self.proxy
+        if proxy is None:
+            proxy = _module_of(self.module_name, self.name)._proxies[self.name]
+        eff = _get(proxy)
+        return 0 if eff is None else int(eff.data_ptr())
 
     def registration(self) -> tuple[int, str, str]:
         """Returns ``(numel, dtype_name, device)`` recorded by the engine.
@@ -666,7 +680,7 @@ def ringlet_backend_tensor(self: torch.Tensor) -> BackendTensor:
       BackendTensor: The engine's record of the tensor (name, module).
     """
     _require_ringlet(self, "ringlet_backend_tensor")
-    return BackendTensor(self._ringlet_name, self._ringlet_module_name)
+    return BackendTensor(self._ringlet_name, self._ringlet_module_name, self)
 
 
 def ringlet_ensure_grad(self: torch.Tensor) -> torch.Tensor:

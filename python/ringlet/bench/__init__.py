@@ -17,7 +17,10 @@ in the same processes, alternating, and prints Markdown tables of medians:
 * ``cuda``: the tensor API's bucket all-reduce of CUDA vs host gradients;
 * ``hosts``: every collective across hosts made of network namespaces (tbf
   rate-limited links) vs gloo, with each op's link limit (needs root;
-  :mod:`ringlet.bench.netns` makes the hosts).
+  :mod:`ringlet.bench.netns` makes the hosts);
+* ``algorithms``: what each of Bagua's algorithms buys across such hosts:
+  training steps and time to accuracy against torch DDP on gloo and
+  ringlet, fp16 and PowerSGD hooks (needs root).
 
 ``--plot FILE`` (where a benchmark offers it) draws the table as a PNG.
 
@@ -26,7 +29,8 @@ Example:
   mpirun -np 2 python -m ringlet.bench collectives --against mpi
   torchrun --nproc_per_node 2 -m ringlet.bench c10d
   sudo python -m ringlet.bench hosts --layout 2,2 --rate 2gbit
+  sudo python -m ringlet.bench algorithms --layout 2,2 --rate 1gbit
 """
 
 WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes", "cuda",
-        "hosts", "model")
+        "hosts", "model", "algorithms")

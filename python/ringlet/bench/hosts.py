@@ -500,6 +500,36 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"layout": layout, "rate": rate, "ops": ops, "sizes": sizes, "budget": budget,
            "dtype": dtype}
+    result = launch_in_hosts(layout, rate, "ringlet.bench.hosts", cfg, out, timeout, tag,
+                             keep is not None, PROGRESS)
+    return result
+
+
+def launch_in_hosts(layout: list[int], rate: Optional[str], module: str, cfg: dict[str, Any],
+                    out: Path, timeout: float, tag: str, keep: bool, progress: str,
+                    extra_env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Makes the hosts, runs ``torchrun -m <module> --worker <out>`` in each
+    (``out/config.json`` holds ``cfg``) and returns the ``out/result.json``
+    rank 0 wrote, with the run's conditions added (the launcher's side of
+    every benchmark across namespace hosts; needs root).
+
+    Args:
+      layout (list[int]): Ranks on each host.
+      rate (str, optional): tbf rate of every host link, each way.
+      module (str): The worker's module (``main()`` handles ``--worker``).
+      cfg (dict): Written to ``out/config.json`` for the workers.
+      out (Path): The run's directory.
+      timeout (float): Seconds before every process is killed.
+      tag (str): Namespace name prefix.
+      keep (bool): Keep ``out`` after a successful run.
+      progress (str): Prefix of the lines rank 0 prints to echo.
+      extra_env (dict, optional): More environment for the workers.
+
+    Returns:
+      The result dict with ``layout``, ``rate_bytes_per_s``, ``cpus``,
+      ``loadavg`` and ``others_cpu_share`` added.
+    """
+    out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
     procs: list[subprocess.Popen[bytes]] = []
     logs = [out / f"host{h}.log" for h in range(len(layout))]
@@ -507,7 +537,7 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
             "MASTER_ADDR", "MASTER_PORT")
     base = {k: v for k, v in os.environ.items()
             if k not in drop and not k.startswith("TORCHELASTIC_")}
-    base.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    base.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
     base.setdefault("RINGLET_TIMEOUT", "300")
     ok = False
     load = [os.getloadavg()[0]]
@@ -523,12 +553,12 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
                         "--nnodes", str(len(layout)), "--nproc_per_node", str(lh),
                         "--node_rank", str(h),
                         "--master_addr", net.addrs[0], "--master_port", str(_PORT),
-                        "-m", "ringlet.bench.hosts", "--worker", str(out)]
+                        "-m", module, "--worker", str(out)]
                     with open(logs[h], "wb") as log:
                         procs.append(subprocess.Popen(
                             argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True))
-                _supervise(procs, logs, time.monotonic() + timeout)
+                _supervise(procs, logs, time.monotonic() + timeout, progress)
             finally:
                 _stop(procs)
         result = json.loads((out / "result.json").read_text())
@@ -536,10 +566,10 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
         others = _others_share(cpu0, _cpu_snapshot())
         ok = True
     finally:
-        if keep is None and ok:
+        if not keep and ok:
             shutil.rmtree(out, ignore_errors=True)
         elif not ok:
-            print(f"{PROGRESS} logs kept in {out}", file=sys.stderr)
+            print(f"{progress} logs kept in {out}", file=sys.stderr)
     result["layout"] = layout
     result["rate_bytes_per_s"] = netns.parse_rate(rate)
     result["loadavg"] = load  # 1-minute load average before and after
@@ -574,9 +604,11 @@ def _others_share(a: Optional[tuple[float, float, float]],
     return max(0.0, other / ((b[0] - a[0]) * (os.cpu_count() or 1)))
 
 
-def _supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], deadline: float) -> None:
-    """Waits for every torchrun; echoes rank 0's progress lines to stderr;
-    raises when one fails or the deadline passes."""
+def _supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], deadline: float,
+               progress: str = PROGRESS) -> None:
+    """Waits for every torchrun; echoes rank 0's progress lines (those
+    starting with ``progress``) to stderr; raises when one fails or the
+    deadline passes."""
     seen = 0
     while True:
         try:
@@ -586,7 +618,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], deadline:
         lines = text.splitlines(keepends=True)
         done = [ln for ln in lines if ln.endswith("\n")]
         for ln in done[seen:]:
-            if ln.startswith(PROGRESS):
+            if ln.startswith(progress):
                 print(ln.rstrip(), file=sys.stderr, flush=True)
         seen = len(done)
         codes = [p.poll() for p in procs]
@@ -594,12 +626,12 @@ def _supervise(procs: list[subprocess.Popen[bytes]], logs: list[Path], deadline:
         if failed:
             tails = "\n".join(f"--- host {h} (exit {codes[h]}) ---\n{_tail(logs[h])}"
                               for h in range(len(procs)))
-            raise RuntimeError(f"{PROGRESS} torchrun failed on host(s) {failed}\n{tails}")
+            raise RuntimeError(f"{progress} torchrun failed on host(s) {failed}\n{tails}")
         if all(c == 0 for c in codes):
             return
         if time.monotonic() > deadline:
             tails = "\n".join(f"--- host {h} ---\n{_tail(logs[h])}" for h in range(len(procs)))
-            raise TimeoutError(f"{PROGRESS} not done within the timeout\n{tails}")
+            raise TimeoutError(f"{progress} not done within the timeout\n{tails}")
         time.sleep(0.2)  # supervising child processes, bounded by the deadline
 
 

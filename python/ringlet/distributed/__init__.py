@@ -6,6 +6,9 @@
   ``ringlet.c10d``.
 * ``ringlet.distributed._native``: builds and loads the native C++
   ``c10d::Backend`` (``csrc/``) that wraps the Python group on the hot path.
+* :mod:`ringlet.distributed.hooks`: torch DDP communication hooks that
+  send fewer bytes (ByteGrad's 8-bit compressed all-reduce with error
+  feedback).
 * :mod:`ringlet.distributed.torchft`: torchft's fault-tolerant training on
   ringlet (needs the optional ``torchft``; also ``ringlet.torchft``).
 
@@ -17,8 +20,8 @@ Example:
     'native'
 """
 
-from . import c10d
+from . import c10d, hooks
 from .c10d import BACKEND_NAME, ProcessGroupRinglet, Work, backend_kind, python_group, register
 
-__all__ = ["BACKEND_NAME", "ProcessGroupRinglet", "Work", "backend_kind", "c10d",
+__all__ = ["BACKEND_NAME", "ProcessGroupRinglet", "Work", "backend_kind", "c10d", "hooks",
            "python_group", "register"]

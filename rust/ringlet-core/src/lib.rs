@@ -5,6 +5,7 @@
 //! buffers tagged with a [`DType`]. The Python binding (`ringlet-py`) is a thin
 //! layer over this crate.
 
+pub mod algorithms;
 pub mod buf;
 pub mod capi;
 pub mod collective;

@@ -2,6 +2,7 @@
 //! releases the GIL around every call into the engine, turns panics into
 //! exceptions and maps errors (in `errors.rs`). Nothing else.
 
+mod algorithms;
 mod errors;
 mod progress;
 mod registry;
@@ -499,6 +500,18 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Listener>()?;
     m.add_class::<Communicator>()?;
     m.add_class::<registry::TensorModule>()?;
+    m.add_class::<algorithms::Comms>()?;
+    m.add_class::<algorithms::CentralizedOp>()?;
+    m.add_class::<algorithms::DecentralizedOp>()?;
+    m.add_class::<algorithms::LowPrecisionOp>()?;
+    m.add_class::<algorithms::AsyncAverager>()?;
+    m.add_function(wrap_pyfunction!(algorithms::minmax_uint8_compress, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithms::minmax_uint8_decompress, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        algorithms::minmax_uint8_compressed_len,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(algorithms::shift_one_peer, m)?)?;
     m.add_class::<progress::Progress>()?;
     m.add_class::<rpc::RpcAgent>()?;
     m.add_class::<rpc::RpcMessage>()?;

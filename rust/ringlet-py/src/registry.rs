@@ -12,7 +12,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use ringlet_core as core;
 use ringlet_core::registry::{
-    AllReduceOp, BucketOp, BucketTensors, DeviceMemory, Effective, ReadyEvent, Resolver, TensorMeta,
+    AllReduceOp, BucketOp, BucketOps, BucketTensors, DeviceMemory, Effective, ReadyEvent, Resolver,
+    TensorMeta,
 };
 use std::sync::{Arc, Mutex};
 
@@ -328,6 +329,41 @@ impl TensorModule {
             errors: Arc::clone(&self.errors),
         };
         self.call(py, move |m| m.set_op(Box::new(op)))
+    }
+
+    /// Makes `name` count as ready in every round (a bucket's padding).
+    fn set_always_ready(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        self.call(py, move |m| m.set_always_ready(&name))
+    }
+
+    /// Gives each bucket its own list of operations, run in order (Bagua's
+    /// `append_*_op`): `lists[i]` for bucket `i`, each element an algorithm
+    /// operation of this module or a callable `op(bucket_index, names)` run
+    /// on the worker thread with the GIL.
+    fn set_bucket_ops(&self, py: Python<'_>, lists: Vec<Vec<PyObject>>) -> PyResult<()> {
+        let mut built: Vec<Vec<Box<dyn BucketOp>>> = Vec::with_capacity(lists.len());
+        for list in lists {
+            let mut ops: Vec<Box<dyn BucketOp>> = Vec::with_capacity(list.len());
+            for obj in list {
+                let bound = obj.bind(py);
+                if let Some(op) = crate::algorithms::bucket_op(bound) {
+                    ops.push(op);
+                } else if bound.is_callable() {
+                    ops.push(Box::new(PyOp {
+                        func: obj,
+                        errors: Arc::clone(&self.errors),
+                    }));
+                } else {
+                    return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                        "a bucket operation must be a ringlet algorithm operation or a \
+                         callable, not {}",
+                        bound.get_type().name()?
+                    )));
+                }
+            }
+            built.push(ops);
+        }
+        self.call(py, move |m| m.set_op(Box::new(BucketOps::new(built))))
     }
 
     /// Marks `name` ready; the worker waits on `event.synchronize()` first

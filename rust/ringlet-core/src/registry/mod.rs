@@ -21,7 +21,7 @@ mod ops;
 mod worker;
 
 pub use bucket::{plan_buckets, Bucket, BucketLayout};
-pub use ops::{AllReduceOp, BucketOp, BucketTensors};
+pub use ops::{AllReduceOp, BucketOp, BucketOps, BucketTensors, SharedOp};
 pub use worker::Module;
 
 use crate::dtype::DType;

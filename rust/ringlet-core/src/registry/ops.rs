@@ -85,8 +85,7 @@ impl AllReduceOp {
 
 impl BucketOp for AllReduceOp {
     fn run(&mut self, bucket: &BucketTensors<'_>) -> Result<()> {
-        let effs = bucket.resolve_all()?;
-        let Some(dtype) = effs.first().map(|e| e.dtype) else {
+        let Some(dtype) = bucket.tensors.first().map(|t| t.dtype) else {
             return Ok(());
         };
         if self.average && !dtype.is_float() {
@@ -96,16 +95,36 @@ impl BucketOp for AllReduceOp {
                 dtype.name()
             )));
         }
+        let mut staging = std::mem::take(&mut self.staging);
+        let out = bucket.with_host(&mut staging, |buf| self.reduce(buf, dtype));
+        self.staging = staging;
+        out
+    }
+}
+
+impl BucketTensors<'_> {
+    /// Runs `f` on the bucket's data as one contiguous host buffer (its
+    /// tensors back to back, in bucket order): the tensors' own memory when
+    /// they are a flattened bucket in host memory, their back-to-back host
+    /// mirrors for device tensors that have them, else `staging` (kept by
+    /// the caller from bucket to bucket), filled from the tensors before
+    /// and copied back into them after `f`. The dtype is the bucket's.
+    pub fn with_host(
+        &self,
+        staging: &mut Vec<u64>,
+        f: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        let effs = self.resolve_all()?;
         if let Some((addr, len)) = contiguous_host(&effs) {
-            // A flattened bucket: reduce its memory in place, no copy.
+            // A flattened bucket: work on its memory in place, no copy.
             if len == 0 {
-                return self.reduce(&mut [], dtype);
+                return f(&mut []);
             }
             // SAFETY: every tensor of the run is host memory the resolver
             // vouched for (see `Effective::host`), kept alive by `effs`, and
             // the tensors are back to back, so the union is one valid range.
             let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
-            return self.reduce(buf, dtype);
+            return f(buf);
         }
         if let Some((addr, len)) = contiguous_mirrors(&effs) {
             // Device tensors with back-to-back host mirrors: stage through them.
@@ -114,57 +133,102 @@ impl BucketOp for AllReduceOp {
             // alive by `effs`; they are back to back, so the union is one
             // valid range, used by nothing else while the bucket runs.
             let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
-            return self.through(&effs, buf, dtype);
+            return through(&effs, buf, f);
         }
         // Scattered or device tensors: stage through one host buffer.
         let total: usize = effs.iter().map(Effective::nbytes).sum();
-        let mut words = std::mem::take(&mut self.staging);
-        if words.len() < total.div_ceil(8) {
-            words = vec![0u64; total.div_ceil(8)];
+        if staging.len() < total.div_ceil(8) {
+            *staging = vec![0u64; total.div_ceil(8)];
         }
-        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..total];
-        let out = self.through(&effs, stage, dtype);
-        self.staging = words;
-        out
+        let stage = &mut bytemuck::cast_slice_mut::<u64, u8>(staging)[..total];
+        through(&effs, stage, f)
     }
 }
 
-impl AllReduceOp {
-    /// Copies the bucket's tensors, in order, into `stage` (their total
-    /// size), reduces it, and copies the result back.
-    fn through(&mut self, effs: &[Effective], stage: &mut [u8], dtype: DType) -> Result<()> {
-        let mut at = 0;
-        for e in effs {
-            let n = e.nbytes();
-            match &e.memory {
-                Memory::Host(a) => {
-                    if n > 0 {
-                        // SAFETY: host memory of `n` bytes vouched for by the
-                        // resolver and kept alive by `effs`.
-                        let src = unsafe { std::slice::from_raw_parts(*a as *const u8, n) };
-                        stage[at..at + n].copy_from_slice(src);
-                    }
+/// Copies the bucket's tensors, in order, into `stage` (their total size),
+/// runs `f` on it, and copies the result back.
+fn through(
+    effs: &[Effective],
+    stage: &mut [u8],
+    f: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<()> {
+    let mut at = 0;
+    for e in effs {
+        let n = e.nbytes();
+        match &e.memory {
+            Memory::Host(a) => {
+                if n > 0 {
+                    // SAFETY: host memory of `n` bytes vouched for by the
+                    // resolver and kept alive by `effs`.
+                    let src = unsafe { std::slice::from_raw_parts(*a as *const u8, n) };
+                    stage[at..at + n].copy_from_slice(src);
                 }
-                Memory::Device(d) => d.download(&mut stage[at..at + n])?,
             }
-            at += n;
+            Memory::Device(d) => d.download(&mut stage[at..at + n])?,
         }
-        self.reduce(stage, dtype)?;
-        let mut at = 0;
-        for e in effs {
-            let n = e.nbytes();
-            match &e.memory {
-                Memory::Host(a) => {
-                    if n > 0 {
-                        // SAFETY: as above; the worker is the only user of the
-                        // tensor while the bucket operation runs.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(*a as *mut u8, n) };
-                        dst.copy_from_slice(&stage[at..at + n]);
-                    }
+        at += n;
+    }
+    f(stage)?;
+    let mut at = 0;
+    for e in effs {
+        let n = e.nbytes();
+        match &e.memory {
+            Memory::Host(a) => {
+                if n > 0 {
+                    // SAFETY: as above; the worker is the only user of the
+                    // tensor while the bucket operation runs.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(*a as *mut u8, n) };
+                    dst.copy_from_slice(&stage[at..at + n]);
                 }
-                Memory::Device(d) => d.upload(&stage[at..at + n])?,
             }
-            at += n;
+            Memory::Device(d) => d.upload(&stage[at..at + n])?,
+        }
+        at += n;
+    }
+    Ok(())
+}
+
+/// One operation shared between the worker (in a [`BucketOps`] list) and
+/// whoever else drives it (the binding's handle, for an operation's extra
+/// methods such as copying a peer weight back).
+pub struct SharedOp<T>(pub std::sync::Arc<std::sync::Mutex<T>>);
+
+impl<T> Clone for SharedOp<T> {
+    fn clone(&self) -> Self {
+        SharedOp(std::sync::Arc::clone(&self.0))
+    }
+}
+
+impl<T: BucketOp> BucketOp for SharedOp<T> {
+    fn run(&mut self, bucket: &BucketTensors<'_>) -> Result<()> {
+        let mut op = self.0.lock().map_err(|_| Error::Io {
+            context: format!("bucket {}", bucket.index),
+            message: "operation state poisoned by an earlier panic".into(),
+        })?;
+        op.run(bucket)
+    }
+}
+
+/// Bagua's per-bucket operation lists: bucket `i` runs `lists[i]` in order
+/// (a bucket without a list, or with an empty one, runs nothing).
+#[derive(Default)]
+pub struct BucketOps {
+    lists: Vec<Vec<Box<dyn BucketOp>>>,
+}
+
+impl BucketOps {
+    /// The lists, by bucket position.
+    pub fn new(lists: Vec<Vec<Box<dyn BucketOp>>>) -> Self {
+        BucketOps { lists }
+    }
+}
+
+impl BucketOp for BucketOps {
+    fn run(&mut self, bucket: &BucketTensors<'_>) -> Result<()> {
+        if let Some(list) = self.lists.get_mut(bucket.index) {
+            for op in list {
+                op.run(bucket)?;
+            }
         }
         Ok(())
     }

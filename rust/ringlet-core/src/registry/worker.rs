@@ -36,6 +36,9 @@ struct State {
     buckets: Vec<Bucket>,
     bucket_of: Vec<Option<usize>>,
     ready: Vec<bool>,
+    /// Tensors that count as ready in every round without being marked
+    /// (Bagua's bucket padding).
+    always: Vec<bool>,
     events: Vec<Option<Box<dyn ReadyEvent>>>,
     unready: Vec<usize>,
     cursor: usize,
@@ -57,13 +60,22 @@ impl State {
     }
 
     fn busy(&self) -> bool {
-        self.finished < self.enqueued || self.ready.iter().any(|&r| r)
+        self.finished < self.enqueued
+            || self
+                .ready
+                .iter()
+                .zip(&self.always)
+                .any(|(&r, &always)| r && !always)
     }
 
     fn reset_round(&mut self) {
-        self.ready.iter_mut().for_each(|r| *r = false);
+        self.ready.clone_from(&self.always);
         self.events.iter_mut().for_each(|e| *e = None);
-        self.unready = self.buckets.iter().map(|b| b.tensors.len()).collect();
+        self.unready = self
+            .buckets
+            .iter()
+            .map(|b| b.tensors.iter().filter(|&&i| !self.always[i]).count())
+            .collect();
         self.cursor = 0;
     }
 }
@@ -154,6 +166,7 @@ impl Module {
         st.tensors.push(meta);
         st.bucket_of.push(None);
         st.ready.push(false);
+        st.always.push(false);
         st.events.push(None);
         Ok(id)
     }
@@ -277,6 +290,22 @@ impl Module {
         Ok(())
     }
 
+    /// Makes `name` count as ready in every round without being marked (a
+    /// bucket's padding). Refused while a round is in progress.
+    pub fn set_always_ready(&self, name: &str) -> Result<()> {
+        let mut st = self.shared.lock()?;
+        if st.busy() {
+            return Err(Error::InvalidArgument(format!(
+                "module '{}': cannot change tensors while a round is in progress",
+                self.name()
+            )));
+        }
+        let id = st.id(self.name(), name)?;
+        st.always[id] = true;
+        st.reset_round();
+        Ok(())
+    }
+
     /// Marks `name` ready for this round; `event` (if any) is waited on by the
     /// worker before it touches the data. Enqueues every bucket that became
     /// next in order with all of its tensors ready.
@@ -295,6 +324,9 @@ impl Module {
                 "module '{module}' has no bucket operation: set one before marking tensors ready"
             )));
         };
+        if st.always[id] {
+            return Ok(()); // padding: ready in every round anyway
+        }
         if st.ready[id] {
             return Err(Error::InvalidArgument(format!(
                 "tensor '{name}' of module '{module}' was already marked ready in this round"

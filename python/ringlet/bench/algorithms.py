@@ -1,0 +1,382 @@
+"""What each of Bagua's algorithms buys across hosts: ``python -m ringlet.bench
+algorithms`` (as root).
+
+The launcher makes hosts of network namespaces joined by tbf rate-limited
+links (:mod:`ringlet.bench.netns`, as ``ringlet.bench hosts`` does) and
+runs ``torchrun`` inside each. Every rank joins a ``"ringlet"`` process group,
+a gloo group of the same ranks and ringlet's Bagua API in the same
+processes, then measures, for each way of training:
+
+* ``local``: no communication at all (the floor);
+* ``ddp-gloo``, ``ddp-ringlet``: torch's DDP on gloo, on ringlet;
+* ``fp16-gloo``, ``powersgd-gloo``: torch DDP on gloo with torch's own
+  ``fp16_compress_hook`` and PowerSGD (rank 1) communication hooks;
+* ``bytegrad-hook``: torch DDP on ringlet with ringlet's ByteGrad hook
+  (:mod:`ringlet.distributed.hooks`, error feedback on);
+* ``gradient_allreduce``, ``bytegrad``, ``decentralized``,
+  ``low_precision_decentralized``, ``qadam``, ``async``: ``with_bagua`` and
+  each of Bagua's algorithms at its defaults (``hierarchical=True`` where it
+  has the option; QAdam after a 2-step warm-up, asynchronous averaging every
+  500 ms).
+
+``--part steps`` (default): the median training step of an MLP whose
+gradients dominate (``--width 2048 --layers 2``: 8.4 M parameters, batch 16),
+the ways taking turns in blocks of ``--steps`` steps for ``--rounds`` rounds
+(the first round is warm-up); the table gives each way's median step (the
+slowest rank's) and its speed-up over ``ddp-gloo`` and ``ddp-ringlet``.
+
+``--part accuracy``: time to accuracy on scikit-learn's digits (shipped with
+the package: nothing is downloaded): an MLP (64-512-512-10) trained for
+``--epochs`` epochs by each way, test accuracy after every epoch against the
+training time so far; the table gives each way's final accuracy and the
+time it first came within a point of ``ddp-gloo``'s final accuracy.
+
+Example:
+  sudo python -m ringlet.bench algorithms --layout 2,2 --rate 1gbit
+  sudo python -m ringlet.bench algorithms --part accuracy --rate 100mbit --plot acc.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from . import netns
+from .hosts import launch_in_hosts, parse_layout
+
+PROGRESS = "ringlet.bench algorithms:"
+NEED_ROOT = "ringlet.bench algorithms needs root to create network namespaces (run it with sudo)"
+
+STEP_MODES = ("local", "ddp-gloo", "ddp-ringlet", "fp16-gloo", "powersgd-gloo", "bytegrad-hook",
+              "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
+              "qadam", "async")
+ACCURACY_MODES = ("ddp-gloo", "ddp-ringlet", "bytegrad-hook", "bytegrad", "qadam",
+                  "decentralized", "low_precision_decentralized", "async")
+BAGUA = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
+         "qadam", "async")
+
+
+def mlp(width: int, layers: int, classes: int = 10, inputs: Optional[int] = None) -> Any:
+    """``layers`` Linear(width, width) + ReLU, then a Linear(width, classes)
+    head (a first Linear(inputs, width) when ``inputs`` differs)."""
+    import torch
+
+    mods: list[Any] = []
+    if inputs is not None and inputs != width:
+        mods += [torch.nn.Linear(inputs, width), torch.nn.ReLU()]
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    mods.append(torch.nn.Linear(width, classes))
+    return torch.nn.Sequential(*mods)
+
+
+class Way:
+    """One way of training a model: ``step(x, y)`` and the hooks around a
+    block of steps (asynchronous averaging stops between blocks)."""
+
+    def __init__(self, model: Any, opt: Any, wrapped: Any = None) -> None:
+        self.model, self.opt, self.wrapped = model, opt, wrapped
+
+    def step(self, x: Any, y: Any) -> None:
+        import torch.nn.functional as F
+
+        self.opt.zero_grad()
+        F.cross_entropy(self.model(x), y).backward()
+        self.opt.step()
+
+    def begin(self) -> None:
+        if self.wrapped is not None:
+            self.wrapped.bagua_algorithm.resume(self.wrapped)
+
+    def end(self) -> None:
+        if self.wrapped is not None:
+            self.wrapped.bagua_algorithm.abort(self.wrapped)
+
+
+def make_way(mode: str, net: Callable[[], Any], gloo: Any, lr: float) -> Way:
+    """Builds ``mode`` (see the module documentation) on a fresh ``net()``."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ringlet.compat.bagua as bagua
+    from ringlet.distributed import hooks
+
+    torch.manual_seed(0)
+    model = net()
+    if mode == "local":
+        return Way(model, torch.optim.SGD(model.parameters(), lr=lr))
+    if mode in ("ddp-gloo", "fp16-gloo", "powersgd-gloo"):
+        ddp = DDP(model, process_group=gloo)
+        if mode == "fp16-gloo":
+            ddp.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
+        elif mode == "powersgd-gloo":
+            state = powerSGD_hook.PowerSGDState(process_group=gloo, matrix_approximation_rank=1,
+                                                start_powerSGD_iter=2)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return Way(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+    if mode in ("ddp-ringlet", "bytegrad-hook"):
+        ddp = DDP(model)
+        if mode == "bytegrad-hook":
+            ddp.register_comm_hook(hooks.ByteGradState(), hooks.bytegrad_hook)
+        return Way(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+    algorithms = bagua.algorithms
+    if mode == "qadam":
+        opt: Any = algorithms.q_adam.QAdamOptimizer(model.parameters(), lr=lr / 100,
+                                                    warmup_steps=2)
+        algorithm: Any = algorithms.q_adam.QAdamAlgorithm(opt)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        algorithm = {
+            "gradient_allreduce": algorithms.gradient_allreduce.GradientAllReduceAlgorithm,
+            "bytegrad": algorithms.bytegrad.ByteGradAlgorithm,
+            "decentralized": algorithms.decentralized.DecentralizedAlgorithm,
+            "low_precision_decentralized":
+                algorithms.decentralized.LowPrecisionDecentralizedAlgorithm,
+            "async": algorithms.async_model_average.AsyncModelAverageAlgorithm,
+        }[mode]()
+    model = model.with_bagua([opt], algorithm)
+    return Way(model, opt, model if mode == "async" else None)
+
+
+def _steps_part(cfg: dict[str, Any], gloo: Any, rank: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    width, layers, batch = cfg["width"], cfg["layers"], cfg["batch"]
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch, width, generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
+    ways: dict[str, Way] = {}
+    times: dict[str, list[float]] = {m: [] for m in cfg["modes"]}
+    for rnd in range(cfg["rounds"]):
+        for mode in cfg["modes"]:
+            if mode not in ways:
+                ways[mode] = make_way(mode, lambda: mlp(width, layers), gloo, 0.01)
+            way = ways[mode]
+            dist.barrier(group=gloo)
+            way.begin()
+            for _ in range(cfg["steps"]):
+                t = time.perf_counter()
+                way.step(x, y)
+                if rnd > 0:
+                    times[mode].append(time.perf_counter() - t)
+            way.end()
+        if rank == 0:
+            print(f"{PROGRESS} round {rnd + 1}/{cfg['rounds']} done", flush=True)
+    mine = {m: statistics.median(v) * 1e3 for m, v in times.items() if v}
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine, group=gloo)
+    params = sum(p.numel() for p in mlp(width, layers).parameters())
+    return {"median_ms": {m: max(e[m] for e in every) for m in mine},
+            "per_rank_ms": every, "parameters": params}
+
+
+def _accuracy_part(cfg: dict[str, Any], gloo: Any, rank: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from sklearn.datasets import load_digits
+
+    world = dist.get_world_size()
+    xs, ys = load_digits(return_X_y=True)
+    order = torch.randperm(len(ys), generator=torch.Generator().manual_seed(0))
+    xs = torch.tensor(xs, dtype=torch.float32)[order] / 16.0
+    ys = torch.tensor(ys)[order]
+    x_train, y_train = xs[:1400][rank::world], ys[:1400][rank::world]
+    x_test, y_test = xs[1400:], ys[1400:]
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for mode in cfg["modes"]:
+        way = make_way(mode, lambda: mlp(cfg["hidden"], 1, 10, 64), gloo, 0.1)
+        dist.barrier(group=gloo)
+        way.begin()
+        elapsed, curve = 0.0, []
+        for _epoch in range(cfg["epochs"]):
+            t = time.perf_counter()
+            for i in range(0, len(y_train), cfg["batch"]):
+                way.step(x_train[i:i + cfg["batch"]], y_train[i:i + cfg["batch"]])
+            elapsed += time.perf_counter() - t
+            with torch.no_grad():
+                acc = float((way.model(x_test).argmax(1) == y_test).float().mean())
+            curve.append((elapsed, acc))
+        way.end()
+        curves[mode] = curve
+        if rank == 0:
+            print(f"{PROGRESS} {mode}: accuracy {curve[-1][1]:.3f} after {elapsed:.1f} s",
+                  flush=True)
+    return {"curves": curves}
+
+
+def worker(out: Path) -> None:
+    """One rank of the bench (under the launcher's torchrun inside a host).
+
+    Args:
+      out (Path): The launcher's directory (``config.json`` in,
+        ``result.json`` out from rank 0).
+    """
+    import torch
+    import torch.distributed as dist
+
+    import ringlet
+    import ringlet.compat.bagua as bagua
+
+    cfg = json.loads((out / "config.json").read_text())
+    torch.set_num_threads(1)
+    dist.init_process_group("ringlet")
+    gloo = dist.new_group(backend="gloo")
+    bagua.init_process_group()
+    rank = dist.get_rank()
+    part = _steps_part if cfg["part"] == "steps" else _accuracy_part
+    result = part(cfg, gloo, rank)
+    if rank == 0:
+        result.update(config=cfg, world=dist.get_world_size(),
+                      host_layout=ringlet.host_layout(), torch=torch.__version__)
+        tmp = out / ".result.json"
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.rename(out / "result.json")
+    dist.barrier(group=gloo)
+    ringlet.shutdown()
+    dist.destroy_process_group()
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> Optional[float]:
+    """The training time at which ``curve`` first reached ``target``."""
+    return next((t for t, acc in curve if acc >= target), None)
+
+
+def tables(result: dict[str, Any]) -> str:
+    """Markdown tables of a result."""
+    cfg = result["config"]
+    head = (f"{len(result['layout'])} hosts {result['layout']}, link {cfg['rate'] or 'raw veth'}"
+            f" each way, torch {result['torch']}")
+    lines = [f"`{result.get('command', '')}`", "", head, ""]
+    if cfg["part"] == "steps":
+        med = result["median_ms"]
+        lines += [f"Step of an MLP of {result['parameters'] / 1e6:.1f} M parameters "
+                  f"(width {cfg['width']}, {cfg['layers']} hidden layers, batch {cfg['batch']}), "
+                  "median of the slowest rank:", "",
+                  "| way | step (ms) | vs ddp-gloo | vs ddp-ringlet |", "|---|---:|---:|---:|"]
+        for mode in cfg["modes"]:
+            if mode not in med:
+                continue
+            rel = [f"{med[b] / med[mode]:.2f}x" if b in med else "-"
+                   for b in ("ddp-gloo", "ddp-ringlet")]
+            lines.append(f"| {mode} | {med[mode]:.1f} | {rel[0]} | {rel[1]} |")
+        return "\n".join(lines)
+    curves = result["curves"]
+    ref = curves.get("ddp-gloo") or next(iter(curves.values()))
+    target = ref[-1][1] - 0.01
+    base = time_to(ref, target)
+    lines += [f"digits, MLP 64-{cfg['hidden']}-10, {cfg['epochs']} epochs, batch {cfg['batch']} "
+              f"per rank; target: ddp-gloo's final accuracy - 1 point = {target:.3f}", "",
+              "| way | final accuracy | time to target (s) | vs ddp-gloo |",
+              "|---|---:|---:|---:|"]
+    for mode, curve in curves.items():
+        t = time_to(curve, target)
+        speed = f"{base / t:.2f}x" if (t and base) else "-"
+        lines.append(f"| {mode} | {curve[-1][1]:.3f} | "
+                     f"{'not reached' if t is None else f'{t:.2f}'} | {speed} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Draws the result: bars of step times, or accuracy against time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = result["config"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if cfg["part"] == "steps":
+        med = result["median_ms"]
+        modes = [m for m in cfg["modes"] if m in med]
+        ax.barh(modes, [med[m] for m in modes],
+                color=["#888" if ("gloo" in m or m == "local") else "#2a7" for m in modes])
+        ax.invert_yaxis()
+        ax.set_xlabel("median training step (ms)")
+    else:
+        for mode, curve in result["curves"].items():
+            ax.plot([t for t, _ in curve], [a for _, a in curve], marker=".", label=mode)
+        ax.set_xlabel("training time (s)")
+        ax.set_ylabel("test accuracy")
+        ax.legend(fontsize=8)
+    ax.set_title(f"{len(result['layout'])} hosts {result['layout']}, link {cfg['rate']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    """Entry point of ``python -m ringlet.bench algorithms`` (and, with
+    ``--worker DIR``, of each rank under torchrun)."""
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        worker(Path(sys.argv[2]))
+        return
+    p = argparse.ArgumentParser(prog="python -m ringlet.bench algorithms", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", default="steps", choices=["steps", "accuracy"])
+    p.add_argument("--layout", default="2,2", help="ranks per host (default 2,2)")
+    p.add_argument("--rate", default=None,
+                   help="tbf rate of each host link (default 1gbit for steps, 100mbit for "
+                        "accuracy; 'none' for the raw veth)")
+    p.add_argument("--modes", default=None, help="comma list of ways (default: all of the part)")
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=None, help="default 16 (steps), 32 (accuracy)")
+    p.add_argument("--steps", type=int, default=5, help="steps per block")
+    p.add_argument("--rounds", type=int, default=4, help="rounds of blocks (the first: warm-up)")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    p.add_argument("--tag", default=netns.PREFIX)
+    p.add_argument("--keep", default=None)
+    args = p.parse_args()
+    steps = args.part == "steps"
+    rate = args.rate or ("1gbit" if steps else "100mbit")
+    rate = None if netns.parse_rate(rate) is None else rate
+    known = STEP_MODES if steps else ACCURACY_MODES
+    modes = known if args.modes is None else tuple(m.strip() for m in args.modes.split(","))
+    bad = [m for m in modes if m not in STEP_MODES]
+    if bad:
+        raise SystemExit(f"{PROGRESS} unknown ways {bad}: choose from {', '.join(STEP_MODES)}")
+    try:
+        layout = parse_layout(args.layout, None, None)
+    except ValueError as e:
+        raise SystemExit(f"{PROGRESS} {e}") from None
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        raise SystemExit(NEED_ROOT)
+    why = netns.why_not(rate is not None)
+    if why:
+        raise SystemExit(f"{PROGRESS} {why}")
+    netns.cleanup_stale(args.tag)
+    cfg = {"part": args.part, "layout": layout, "rate": rate, "modes": list(modes),
+           "width": args.width, "layers": args.layers,
+           "batch": args.batch or (16 if steps else 32), "steps": args.steps,
+           "rounds": args.rounds, "hidden": args.hidden, "epochs": args.epochs}
+    out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ringlet-bench-alg-"))
+    try:
+        result = launch_in_hosts(layout, rate, "ringlet.bench.algorithms", cfg, out,
+                                 args.timeout, args.tag, args.keep is not None, PROGRESS)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (RuntimeError, TimeoutError) as e:
+        raise SystemExit(str(e)) from None
+    result["command"] = " ".join(["python -m ringlet.bench algorithms", *sys.argv[1:]])
+    print(tables(result), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(result, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,383 @@
+//! Binding of Bagua's algorithms (`ringlet_core::algorithms`): the
+//! communicators an algorithm runs on, its bucket operations (handed to a
+//! `TensorModule` with `set_bucket_ops`, and kept by Python for their extra
+//! methods), the asynchronous averager, and the MinMaxUInt8 codec on raw
+//! buffers (for tests and benchmarks).
+
+use crate::{dtype, raw_buf, run, Communicator};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use ringlet_core as core;
+use ringlet_core::algorithms::{self as alg, HostTensor};
+use ringlet_core::registry::{BucketOp, SharedOp};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The communicators of one algorithm instance: the group's (flat), or
+/// Bagua's two levels.
+#[pyclass(module = "ringlet._core", frozen)]
+pub(crate) struct Comms {
+    inner: alg::Comms,
+}
+
+#[pymethods]
+impl Comms {
+    /// Every rank of the group on `comm`.
+    #[staticmethod]
+    fn flat(comm: &Communicator) -> Self {
+        Comms {
+            inner: alg::Comms::Flat(comm.inner.clone()),
+        }
+    }
+
+    /// The host's ranks on `intra` (its rank 0 is the host's leader), the
+    /// hosts' leaders on `inter` (None on other ranks), `hosts` hosts and
+    /// `size` ranks in the group.
+    #[staticmethod]
+    #[pyo3(signature = (intra, inter, hosts, size))]
+    fn hierarchical(
+        intra: &Communicator,
+        inter: Option<&Communicator>,
+        hosts: usize,
+        size: usize,
+    ) -> PyResult<Self> {
+        let inner = alg::Comms::hierarchical(
+            intra.inner.clone(),
+            inter.map(|c| c.inner.clone()),
+            hosts,
+            size,
+        )
+        .map_err(crate::errors::to_pyerr)?;
+        Ok(Comms { inner })
+    }
+}
+
+/// Host memory of a CPU tensor for algorithm state.
+fn host_tensor(
+    ptr: usize,
+    nbytes: usize,
+    dtype_name: &str,
+    owner: PyObject,
+) -> PyResult<HostTensor> {
+    let d = dtype(dtype_name)?;
+    // SAFETY: the Python wrapper passes the data pointer and byte size of a
+    // contiguous CPU tensor (`owner`, kept alive by the returned value), and
+    // the algorithm's Python code does not write it while an operation of
+    // the algorithm runs (it waits for the worker first).
+    unsafe { HostTensor::new(ptr, nbytes, d, Some(Box::new(owner))) }
+        .map_err(crate::errors::to_pyerr)
+}
+
+fn locked<T>(op: &SharedOp<T>) -> PyResult<std::sync::MutexGuard<'_, T>> {
+    op.0.lock().map_err(|_| {
+        pyo3::exceptions::PyRuntimeError::new_err(
+            "ringlet internal error: algorithm state poisoned by an earlier panic",
+        )
+    })
+}
+
+/// Sum or mean of a bucket over the group, exact or compressed
+/// (`compression="MinMaxUInt8"`), with optional error feedback.
+#[pyclass(module = "ringlet._core", frozen)]
+pub(crate) struct CentralizedOp {
+    op: SharedOp<alg::CentralizedOp>,
+}
+
+#[pymethods]
+impl CentralizedOp {
+    #[new]
+    #[pyo3(signature = (comms, average, compression=None, error_feedback=false))]
+    fn new(
+        comms: &Comms,
+        average: bool,
+        compression: Option<&str>,
+        error_feedback: bool,
+    ) -> PyResult<Self> {
+        let compress = match compression {
+            None => false,
+            Some("MinMaxUInt8") => true,
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown compression {other:?}: ringlet implements \"MinMaxUInt8\" \
+                     (or None for none)"
+                )))
+            }
+        };
+        let op = alg::CentralizedOp::new(comms.inner.clone(), average, compress, error_feedback)
+            .map_err(crate::errors::to_pyerr)?;
+        Ok(CentralizedOp {
+            op: SharedOp(Arc::new(Mutex::new(op))),
+        })
+    }
+
+    /// Runs the operation on `nbytes` of host memory at `ptr` (a contiguous
+    /// CPU tensor the caller keeps alive and does not touch meanwhile);
+    /// `key` picks the error-feedback residuals.
+    fn apply(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        key: u64,
+    ) -> PyResult<()> {
+        let (d, buf) = (dtype(dtype_name)?, raw_buf(ptr, nbytes)?);
+        let op = SharedOp::clone(&self.op);
+        run(py, move || {
+            let mut op = op.0.lock().map_err(|_| core::Error::Io {
+                context: "a centralized operation".into(),
+                message: "state poisoned by an earlier panic".into(),
+            })?;
+            // SAFETY: per this method's contract, `nbytes` of host memory at
+            // `ptr` that nothing else touches during the call.
+            op.apply(unsafe { buf.slice_mut() }, d, key)
+        })
+    }
+
+    /// The error-feedback residuals of bucket `key` as (the sender's, the
+    /// chunk owner's) raw bytes of the bucket's dtype; None before any.
+    fn residuals<'py>(
+        &self,
+        py: Python<'py>,
+        key: u64,
+    ) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+        let got = locked(&self.op)?.residuals(key);
+        Ok(got.map(|(w, s)| (PyBytes::new(py, &w), PyBytes::new(py, &s))))
+    }
+}
+
+/// Gossip averaging of a bucket into a peer weight.
+#[pyclass(module = "ringlet._core", frozen)]
+pub(crate) struct DecentralizedOp {
+    op: SharedOp<alg::DecentralizedOp>,
+}
+
+#[pymethods]
+impl DecentralizedOp {
+    /// `peer_*`: the peer weight (a contiguous CPU tensor of the bucket's
+    /// size and dtype, `peer_owner`, kept alive by the operation).
+    #[new]
+    fn new(
+        comms: &Comms,
+        peer_selection_mode: &str,
+        peer_ptr: usize,
+        peer_nbytes: usize,
+        dtype_name: &str,
+        peer_owner: PyObject,
+    ) -> PyResult<Self> {
+        let mode =
+            alg::PeerMode::from_name(peer_selection_mode).map_err(crate::errors::to_pyerr)?;
+        let peer = host_tensor(peer_ptr, peer_nbytes, dtype_name, peer_owner)?;
+        let op = alg::DecentralizedOp::new(comms.inner.clone(), mode, peer)
+            .map_err(crate::errors::to_pyerr)?;
+        Ok(DecentralizedOp {
+            op: SharedOp(Arc::new(Mutex::new(op))),
+        })
+    }
+
+    /// Hierarchical: copies the host leader's peer weight to the host's
+    /// ranks (collective over the host); flat: nothing.
+    fn share_peer_weight(&self, py: Python<'_>) -> PyResult<()> {
+        let op = SharedOp::clone(&self.op);
+        run(py, move || {
+            let mut op = op.0.lock().map_err(|_| core::Error::Io {
+                context: "a decentralized operation".into(),
+                message: "state poisoned by an earlier panic".into(),
+            })?;
+            op.share_peer_weight()
+        })
+    }
+
+    /// Communication steps run so far.
+    #[getter]
+    fn step(&self) -> PyResult<u64> {
+        Ok(locked(&self.op)?.step())
+    }
+}
+
+/// Low-precision decentralized SGD's ring exchange.
+#[pyclass(module = "ringlet._core", frozen)]
+pub(crate) struct LowPrecisionOp {
+    op: SharedOp<alg::LowPrecisionOp>,
+}
+
+#[pymethods]
+impl LowPrecisionOp {
+    /// `weight`, `left`, `right`: the replicas as `(data_ptr, nbytes,
+    /// tensor)` of contiguous CPU tensors of the bucket's size and dtype.
+    #[new]
+    fn new(
+        comms: &Comms,
+        weight: (usize, usize, PyObject),
+        left: (usize, usize, PyObject),
+        right: (usize, usize, PyObject),
+        dtype_name: &str,
+    ) -> PyResult<Self> {
+        let w = host_tensor(weight.0, weight.1, dtype_name, weight.2)?;
+        let l = host_tensor(left.0, left.1, dtype_name, left.2)?;
+        let r = host_tensor(right.0, right.1, dtype_name, right.2)?;
+        Ok(LowPrecisionOp {
+            op: SharedOp(Arc::new(Mutex::new(alg::LowPrecisionOp::new(
+                comms.inner.clone(),
+                w,
+                l,
+                r,
+            )))),
+        })
+    }
+}
+
+/// The asynchronous averaging thread of one model.
+#[pyclass(module = "ringlet._core", frozen)]
+pub(crate) struct AsyncAverager {
+    inner: Arc<alg::AsyncAverager>,
+}
+
+#[pymethods]
+impl AsyncAverager {
+    /// Averages `nbytes` of `dtype_name` at `ptr` (the flattened weights, a
+    /// CPU tensor `owner` kept alive by the averager) over `comm`, a
+    /// communicator of its own.
+    #[new]
+    fn new(
+        comm: &Communicator,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        owner: PyObject,
+    ) -> PyResult<Self> {
+        let w = host_tensor(ptr, nbytes, dtype_name, owner)?;
+        let inner =
+            alg::AsyncAverager::new(comm.inner.clone(), w).map_err(crate::errors::to_pyerr)?;
+        Ok(AsyncAverager {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Starts averaging every `interval_ms` milliseconds.
+    fn start(&self, py: Python<'_>, interval_ms: f64) -> PyResult<()> {
+        if !(interval_ms.is_finite() && interval_ms >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "sync_interval_ms must be a non-negative number, got {interval_ms}"
+            )));
+        }
+        let a = Arc::clone(&self.inner);
+        run(py, move || {
+            a.start(Duration::from_secs_f64(interval_ms / 1000.0))
+        })
+    }
+
+    /// Stops once every rank asked to (collective); raises the thread's
+    /// error if nothing raised it yet.
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        let a = Arc::clone(&self.inner);
+        run(py, move || a.abort())
+    }
+
+    /// Clears the abort flag.
+    fn reset(&self) {
+        self.inner.reset();
+    }
+
+    /// Takes the weight lock (GIL released while waiting); raises the
+    /// thread's error once.
+    fn lock_weight(&self, py: Python<'_>) -> PyResult<()> {
+        let a = Arc::clone(&self.inner);
+        run(py, move || a.lock_weight())
+    }
+
+    /// Releases the weight lock.
+    fn unlock_weight(&self) {
+        self.inner.unlock_weight();
+    }
+
+    /// "running", "stopped" or "failed".
+    fn status(&self) -> &'static str {
+        match self.inner.status() {
+            alg::AsyncStatus::Running => "running",
+            alg::AsyncStatus::Stopped => "stopped",
+            alg::AsyncStatus::Failed => "failed",
+        }
+    }
+
+    /// Averaging rounds completed.
+    #[getter]
+    fn rounds(&self) -> u64 {
+        self.inner.rounds()
+    }
+}
+
+/// The bucket operation a Python object stands for, or None when it is
+/// none of the algorithm operations.
+pub(crate) fn bucket_op(obj: &Bound<'_, PyAny>) -> Option<Box<dyn BucketOp>> {
+    if let Ok(op) = obj.downcast::<CentralizedOp>() {
+        return Some(Box::new(op.get().op.clone()));
+    }
+    if let Ok(op) = obj.downcast::<DecentralizedOp>() {
+        return Some(Box::new(op.get().op.clone()));
+    }
+    if let Ok(op) = obj.downcast::<LowPrecisionOp>() {
+        return Some(Box::new(op.get().op.clone()));
+    }
+    if let Ok(op) = obj.downcast::<AsyncAverager>() {
+        return Some(op.get().inner.bucket_op());
+    }
+    None
+}
+
+/// MinMaxUInt8: compresses `nbytes` of `dtype_name` at `in_ptr` (one chunk)
+/// into `out_nbytes` at `out_ptr` (`minmax_uint8_compressed_len` bytes).
+#[pyfunction]
+pub(crate) fn minmax_uint8_compress(
+    py: Python<'_>,
+    in_ptr: usize,
+    nbytes: usize,
+    dtype_name: &str,
+    out_ptr: usize,
+    out_nbytes: usize,
+) -> PyResult<()> {
+    let d = dtype(dtype_name)?;
+    let (i, o) = crate::in_out(in_ptr, nbytes, out_ptr, out_nbytes)?;
+    // SAFETY: two distinct (checked) contiguous CPU tensors the caller keeps
+    // alive and does not touch during the call.
+    run(py, move || {
+        alg::codec::compress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
+    })
+}
+
+/// MinMaxUInt8: decompresses `in_nbytes` at `in_ptr` into `nbytes` of
+/// `dtype_name` at `out_ptr`.
+#[pyfunction]
+pub(crate) fn minmax_uint8_decompress(
+    py: Python<'_>,
+    in_ptr: usize,
+    in_nbytes: usize,
+    out_ptr: usize,
+    nbytes: usize,
+    dtype_name: &str,
+) -> PyResult<()> {
+    let d = dtype(dtype_name)?;
+    let (i, o) = crate::in_out(in_ptr, in_nbytes, out_ptr, nbytes)?;
+    // SAFETY: as in `minmax_uint8_compress`.
+    run(py, move || {
+        alg::codec::decompress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
+    })
+}
+
+/// Bytes a chunk of `elements` elements of `dtype_name` compresses to.
+#[pyfunction]
+pub(crate) fn minmax_uint8_compressed_len(dtype_name: &str, elements: usize) -> PyResult<usize> {
+    Ok(alg::codec::compressed_len(dtype(dtype_name)?, elements))
+}
+
+/// `shift_one`'s peer of `rank` among `n` ranks at communication step `step`.
+#[pyfunction]
+pub(crate) fn shift_one_peer(rank: usize, n: usize, step: u64) -> PyResult<usize> {
+    if n == 0 || !n.is_multiple_of(2) || rank >= n {
+        return Err(PyValueError::new_err(format!(
+            "shift_one needs an even number of ranks and a rank among them, got rank {rank} of {n}"
+        )));
+    }
+    Ok(alg::shift_one_peer(rank, n, step))
+}
