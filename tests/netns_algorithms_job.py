@@ -29,7 +29,9 @@ STEPS = 4
 
 def host_bytegrad(layout: list[int]):  # type: ignore[no-untyped-def]
     """ByteGrad with hierarchical=True: the hosts' exact sums over (ranks /
-    hosts), then MinMaxUInt8 between the hosts."""
+    hosts), then MinMaxUInt8 between the hosts: of the whole bucket by the
+    hosts' first ranks (uneven hosts), or of each of the L shares by the
+    ranks at the same position on every host (hosts of L ranks each)."""
     def reduce(buckets: list[torch.Tensor]) -> torch.Tensor:
         sums, at = [], 0
         for lh in layout:
@@ -38,7 +40,11 @@ def host_bytegrad(layout: list[int]):  # type: ignore[no-untyped-def]
                 s = s + b
             sums.append(s / (sum(layout) / len(layout)))
             at += lh
-        return bytegrad_mean(sums)
+        if len(set(layout)) > 1 or layout[0] == 1:
+            return bytegrad_mean(sums)
+        n, per = sums[0].numel(), layout[0]
+        shares = [slice(n * i // per, n * (i + 1) // per) for i in range(per)]
+        return torch.cat([bytegrad_mean([x[s] for x in sums]) for s in shares])
 
     return reduce
 

@@ -518,6 +518,10 @@ def digits_job(rank: int, world: int, port: int) -> dict[str, float]:
                 opt.step()
         if name == "async":
             model.bagua_algorithm.abort(model)
+            # the replicas drift apart between rounds: evaluate their mean
+            with torch.no_grad():
+                for p in model.parameters():
+                    bagua.allreduce_inplace(p.data, bagua.ReduceOp.AVG)
         with torch.no_grad():
             accuracy[name] = float((model(x_test).argmax(1) == y_test).float().mean())
     bagua.barrier()
@@ -530,10 +534,7 @@ def test_every_algorithm_learns_digits() -> None:
     for rank, acc in accuracy.items():
         assert acc["exact"] > 0.9, acc
         for name, a in acc.items():
-            # asynchronous averaging leaves each rank's replica apart from
-            # the others' by the steps since its last round
-            slack = 0.06 if name == "async" else 0.03
-            assert a >= acc["exact"] - slack, (rank, name, acc)
+            assert a >= acc["exact"] - 0.03, (rank, name, acc)
 
 
 def async_dead_rank_job(rank: int, world: int, port: int) -> dict[str, Any]:

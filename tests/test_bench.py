@@ -58,3 +58,26 @@ def test_bench_entry_point_names_the_choices() -> None:
     assert "collectives" in res.stderr and "c10d" in res.stderr
 
 
+
+
+def test_bench_algorithms_runs_on_one_host() -> None:
+    """``ringlet.bench algorithms`` end to end on one host (tiny model): every
+    way asked for is timed; the accuracy table's time-to-target logic."""
+    res = subprocess.run(
+        [sys.executable, "-m", "ringlet.bench", "algorithms", "--layout", "2", "--modes",
+         "local,ddp-gloo,bytegrad-hook,bytegrad,low_precision_decentralized,qadam,async",
+         "--width", "32", "--layers", "1", "--steps", "2", "--rounds", "2"],
+        capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = [ln for ln in res.stdout.splitlines() if ln.startswith("| ")]
+    for way in ("local", "ddp-gloo", "bytegrad-hook", "bytegrad", "qadam", "async"):
+        assert any(r.startswith(f"| {way} |") for r in rows), res.stdout
+    from ringlet.bench.algorithms import tables, time_to
+
+    curve = [(1.0, 0.5), (2.0, 0.9), (3.0, 0.95)]
+    assert time_to(curve, 0.9) == 2.0 and time_to(curve, 0.99) is None
+    result = {"config": {"part": "accuracy", "rate": "100mbit", "hidden": 8, "epochs": 3,
+                         "batch": 4}, "layout": [2, 2], "torch": "x",
+              "curves": {"ddp-gloo": [(2.0, 0.5), (4.0, 0.9)], "bytegrad": curve}}
+    text = tables(result)
+    assert "| bytegrad | 0.950 | 2.00 | 2.00x |" in text, text

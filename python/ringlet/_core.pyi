@@ -153,7 +153,11 @@ class Comms:
     def flat(comm: Communicator) -> Comms: ...
     @staticmethod
     def hierarchical(
-        intra: Communicator, inter: Optional[Communicator], hosts: int, size: int
+        intra: Communicator,
+        inter: Optional[Communicator],
+        hosts: int,
+        size: int,
+        channel: Optional[Communicator] = None,
     ) -> Comms: ...
 
 class CentralizedOp:

@@ -247,7 +247,7 @@ def _connect(
 
 def _connect_members(
     store: Any, key: str, members: list[int], me: int, addr: str, timeout: float,
-    name: str, domain: int, levels: bool = True,
+    name: str, domain: int, levels: bool = True, crowded: Optional[bool] = None,
 ) -> tuple[_core.Communicator, _HostTable]:
     """Connects the global ranks ``members`` (``me`` among them) under
     ``key``; with ``levels``, a group spanning hosts with several ranks on
@@ -258,7 +258,7 @@ def _connect_members(
         return _core.Communicator.single(domain), hosts
     i = members.index(me)
     comm, hosts = _connect(store, key, i, len(members), addr, timeout, members=list(members),
-                           name=name, domain=domain)
+                           name=name, domain=domain, crowded=crowded)
     if levels:
         local = _hierarchy(store, key, i, hosts, addr, timeout, domain, members=list(members))
         if local is not None:
@@ -269,25 +269,44 @@ def _connect_members(
 def _bagua_levels(
     store: Any, key: str, members: list[int], me: int, hosts: list[str], addr: str,
     timeout: float, name: str, domain: int,
-) -> tuple[_core.Communicator, Optional[_core.Communicator], int]:
+) -> tuple[_core.Communicator, Optional[_core.Communicator], int,
+           Optional[_core.Communicator]]:
     """Bagua's two levels over ``members`` (global ranks, ``hosts[i]`` the
     host of ``members[i]``): the members on this rank's host, and the first
-    member of each host (``None`` on other ranks); returns them and the
-    number of hosts. Collective over the members."""
-    first: dict[str, int] = {}
+    member of each host (``None`` on other ranks); the number of hosts; and,
+    when every host holds the same number of members, the *channel* of the
+    members at this rank's position on every host (the first members'
+    channel is the second level itself), else ``None``. Collective over the
+    members."""
+    by_host: dict[str, list[int]] = {}
     for r, h in zip(members, hosts):
-        first.setdefault(h, r)
-    leaders = list(first.values())
-    mine = hosts[members.index(me)]
-    local = [r for r, h in zip(members, hosts) if h == mine]
+        by_host.setdefault(h, []).append(r)
+    groups = list(by_host.values())
+    leaders = [g[0] for g in groups]
+    local = by_host[hosts[members.index(me)]]
     host = leaders.index(local[0])
+    # A host's other ranks wait in the host level while its first rank talks
+    # across hosts: on a machine with more of the job's ranks than CPUs they
+    # park at once instead of yielding in a loop.
+    crowded = getattr(hosts, "machine_ranks", 0) > _cores()
     intra, _ = _connect_members(store, f"{key}/intra{host}", local, me, addr, timeout,
-                                f"host {host} of {name}", domain, levels=False)
+                                f"host {host} of {name}", domain, levels=False,
+                                crowded=crowded)
     inter = None
     if me == local[0]:
         inter, _ = _connect_members(store, f"{key}/inter", leaders, me, addr, timeout,
                                     f"the hosts' first ranks of {name}", domain, levels=False)
-    return intra, inter, len(leaders)
+    channel = None
+    even = len({len(g) for g in groups}) == 1
+    if even and len(groups) > 1 and len(local) > 1:
+        i = local.index(me)
+        if i == 0:
+            channel = inter
+        else:
+            channel, _ = _connect_members(
+                store, f"{key}/chan{i}", [g[i] for g in groups], me, addr, timeout,
+                f"the hosts' rank {i} of {name}", domain, levels=False)
+    return intra, inter, len(leaders), channel
 
 
 def _new_domain() -> int:

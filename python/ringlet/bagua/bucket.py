@@ -213,6 +213,7 @@ class BaguaBucket:
         self._all_tensors = self.tensors + ([self.padding_tensor] if self.padding_tensor
                                             is not None else [])
         self.backend_tensor: Optional[torch.Tensor] = None
+        self._offsets: Optional[dict[int, int]] = None
         self.flatten = flatten
         if flatten:
             self._flatten_()
@@ -233,6 +234,10 @@ class BaguaBucket:
     def _flatten_(self) -> None:
         """Makes the effective tensors views of one buffer, in place."""
         effs = [_get(t) for t in self._all_tensors]
+        self._offsets, at = {}, 0
+        for t, e in zip(self._all_tensors, effs):
+            self._offsets[id(t)] = at
+            at += e.numel()
         if self.check_flatten():
             self.backend_tensor = torch.empty(0, dtype=effs[0].dtype, device=effs[0].device)
             self.backend_tensor.set_(effs[0].untyped_storage(), effs[0].storage_offset(),
@@ -251,6 +256,28 @@ class BaguaBucket:
     def check_flatten(self) -> bool:
         """Returns whether the effective tensors lie back to back in memory."""
         return check_contiguous([_get(t) for t in self._all_tensors])
+
+    def _rebind(self, t: torch.Tensor) -> None:
+        """Makes ``t``'s effective tensor its view of the flattened bucket
+        again (copying the values in) when it was replaced, e.g. a gradient
+        that ``zero_grad()`` set to None and backward made anew: the bucket
+        then runs in place instead of through a staging copy each step (what
+        torch DDP's ``gradient_as_bucket_view`` does)."""
+        flat = self.backend_tensor
+        if flat is None or t._ringlet_setter is None:
+            return
+        eff = _get(t)
+        if eff is None or eff.device != flat.device or eff.dtype != flat.dtype:
+            return
+        at = (self._offsets or {}).get(id(t))
+        if at is None:
+            return
+        view = flat[at:at + eff.numel()]
+        if eff.data_ptr() == view.data_ptr():
+            return
+        with torch.no_grad():
+            view.copy_(eff.reshape(-1))
+        t.ringlet_setter_closure(view.view_as(eff))
 
     def _write(self, values: torch.Tensor) -> None:
         """Copies a flat tensor of the bucket's size into its tensors."""

@@ -176,8 +176,8 @@ _torch_to_bagua_pg_map: weakref.WeakKeyDictionary[Any, BaguaProcessGroup] = (
 _lock = threading.RLock()
 
 
-def _hosts() -> list[str]:
-    return list(runtime._require().hosts)
+def _hosts() -> Any:
+    return runtime._require().hosts
 
 
 def _connect(key: str, members: list[int], name: str, levels: bool = True) -> Any:
@@ -267,12 +267,14 @@ class BaguaProcessGroup:
             self._closers.append(c)
             return _core.Comms.flat(c)
         hosts = _hosts()
-        intra, inter, n_hosts = runtime._bagua_levels(
-            state.store, key, self.ranks, state.rank, [hosts[r] for r in self.ranks],
+        mine = runtime._HostTable(hosts[r] for r in self.ranks)
+        mine.machine_ranks = getattr(hosts, "machine_ranks", 0)
+        intra, inter, n_hosts, channel = runtime._bagua_levels(
+            state.store, key, self.ranks, state.rank, mine,
             state.addr, state.timeout, title, state.domain,
         )
-        self._closers.extend(c for c in (intra, inter) if c is not None)
-        return _core.Comms.hierarchical(intra, inter, n_hosts, len(self.ranks))
+        self._closers.extend(c for c in (intra, inter, channel) if c is not None)
+        return _core.Comms.hierarchical(intra, inter, n_hosts, len(self.ranks), channel)
 
     def _dedicated(self, tag: str) -> Any:
         """Connects one communicator of all the group's ranks for one

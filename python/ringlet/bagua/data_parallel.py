@@ -329,6 +329,9 @@ class BaguaDistributedDataParallel:
                     return
                 if self.find_unused_parameters:
                     self.autograd_graph_params[name] = param
+                bucket = param.__dict__.get("_bagua_bucket")
+                if bucket is not None and bucket.flatten:
+                    bucket._rebind(param)
                 hook(name, param)
                 if not self._is_post_backward_callback_queued:
                     self._is_post_backward_callback_queued = True

@@ -27,13 +27,16 @@ slowest rank's) and its speed-up over ``ddp-gloo`` and ``ddp-ringlet``.
 
 ``--part accuracy``: time to accuracy on scikit-learn's digits (shipped with
 the package: nothing is downloaded): an MLP (64-512-512-10) trained for
-``--epochs`` epochs by each way, test accuracy after every epoch against the
-training time so far; the table gives each way's final accuracy and the
-time it first came within a point of ``ddp-gloo``'s final accuracy.
+``--epochs`` epochs by each way (SGD with momentum 0.9; QAdam, eps 1e-6,
+compressing after ``--qadam-warmup`` steps; asynchronous averaging every 50 ms), test
+accuracy (rank 0's replica) after every epoch against the training time so
+far; the table gives each way's final accuracy and the time it first came
+within a point of ``ddp-gloo``'s final accuracy.
 
 Example:
   sudo python -m ringlet.bench algorithms --layout 2,2 --rate 1gbit
   sudo python -m ringlet.bench algorithms --part accuracy --rate 100mbit --plot acc.png
+  python -m ringlet.bench algorithms --layout 4 --modes ddp-ringlet,gradient_allreduce,bytegrad
 """
 
 from __future__ import annotations
@@ -100,8 +103,11 @@ class Way:
             self.wrapped.bagua_algorithm.abort(self.wrapped)
 
 
-def make_way(mode: str, net: Callable[[], Any], gloo: Any, lr: float) -> Way:
-    """Builds ``mode`` (see the module documentation) on a fresh ``net()``."""
+def make_way(mode: str, net: Callable[[], Any], gloo: Any, lr: float, momentum: float = 0.0,
+             qadam_warmup: int = 2, sync_interval_ms: int = 500) -> Way:
+    """Builds ``mode`` (see the module documentation) on a fresh ``net()``:
+    SGD (``lr``, ``momentum``), or QAdam (``lr / 100``, ``qadam_warmup``
+    steps of warm-up); asynchronous averaging every ``sync_interval_ms``."""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -111,36 +117,51 @@ def make_way(mode: str, net: Callable[[], Any], gloo: Any, lr: float) -> Way:
 
     torch.manual_seed(0)
     model = net()
+    def sgd(params: Any) -> Any:
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
     if mode == "local":
-        return Way(model, torch.optim.SGD(model.parameters(), lr=lr))
+        return Way(model, sgd(model.parameters()))
     if mode in ("ddp-gloo", "fp16-gloo", "powersgd-gloo"):
-        ddp = DDP(model, process_group=gloo)
+        import torch.distributed as dist
+
+        gloo = dist.new_group(backend="gloo")  # one per DDP: no two share a gloo queue
+        # PowerSGD chains collectives in future callbacks: with several buckets
+        # they reach gloo in an order that differs across ranks, so one bucket.
+        ddp = DDP(model, process_group=gloo,
+                  bucket_cap_mb=1024 if mode == "powersgd-gloo" else 25)
         if mode == "fp16-gloo":
             ddp.register_comm_hook(gloo, default_hooks.fp16_compress_hook)
         elif mode == "powersgd-gloo":
             state = powerSGD_hook.PowerSGDState(process_group=gloo, matrix_approximation_rank=1,
                                                 start_powerSGD_iter=2)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        return Way(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+        return Way(ddp, sgd(ddp.parameters()))
     if mode in ("ddp-ringlet", "bytegrad-hook"):
         ddp = DDP(model)
         if mode == "bytegrad-hook":
             ddp.register_comm_hook(hooks.ByteGradState(), hooks.bytegrad_hook)
-        return Way(ddp, torch.optim.SGD(ddp.parameters(), lr=lr))
+        return Way(ddp, sgd(ddp.parameters()))
     algorithms = bagua.algorithms
     if mode == "qadam":
+        # eps 1e-6: with the second moment frozen after the warm-up, 1e-8
+        # lets quantization noise in the momentum of near-zero-variance
+        # weights blow up (the same with exact averaging: QAdam's own trait)
         opt: Any = algorithms.q_adam.QAdamOptimizer(model.parameters(), lr=lr / 100,
-                                                    warmup_steps=2)
+                                                    warmup_steps=qadam_warmup, eps=1e-6)
         algorithm: Any = algorithms.q_adam.QAdamAlgorithm(opt)
+    elif mode == "async":
+        opt = sgd(model.parameters())
+        algorithm = algorithms.async_model_average.AsyncModelAverageAlgorithm(
+            sync_interval_ms=sync_interval_ms)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        opt = sgd(model.parameters())
         algorithm = {
             "gradient_allreduce": algorithms.gradient_allreduce.GradientAllReduceAlgorithm,
             "bytegrad": algorithms.bytegrad.ByteGradAlgorithm,
             "decentralized": algorithms.decentralized.DecentralizedAlgorithm,
             "low_precision_decentralized":
                 algorithms.decentralized.LowPrecisionDecentralizedAlgorithm,
-            "async": algorithms.async_model_average.AsyncModelAverageAlgorithm,
         }[mode]()
     model = model.with_bagua([opt], algorithm)
     return Way(model, opt, model if mode == "async" else None)
@@ -193,7 +214,8 @@ def _accuracy_part(cfg: dict[str, Any], gloo: Any, rank: int) -> dict[str, Any]:
     x_test, y_test = xs[1400:], ys[1400:]
     curves: dict[str, list[tuple[float, float]]] = {}
     for mode in cfg["modes"]:
-        way = make_way(mode, lambda: mlp(cfg["hidden"], 1, 10, 64), gloo, 0.1)
+        way = make_way(mode, lambda: mlp(cfg["hidden"], 1, 10, 64), gloo, 0.05, momentum=0.9,
+                       qadam_warmup=cfg["qadam_warmup"], sync_interval_ms=50)
         dist.barrier(group=gloo)
         way.begin()
         elapsed, curve = 0.0, []
@@ -253,8 +275,11 @@ def time_to(curve: list[tuple[float, float]], target: float) -> Optional[float]:
 def tables(result: dict[str, Any]) -> str:
     """Markdown tables of a result."""
     cfg = result["config"]
-    head = (f"{len(result['layout'])} hosts {result['layout']}, link {cfg['rate'] or 'raw veth'}"
-            f" each way, torch {result['torch']}")
+    if len(result["layout"]) == 1:
+        head = f"one host, {result['layout'][0]} ranks, torch {result['torch']}"
+    else:
+        head = (f"{len(result['layout'])} hosts {result['layout']}, link "
+                f"{cfg['rate'] or 'raw veth'} each way, torch {result['torch']}")
     lines = [f"`{result.get('command', '')}`", "", head, ""]
     if cfg["part"] == "steps":
         med = result["median_ms"]
@@ -273,7 +298,8 @@ def tables(result: dict[str, Any]) -> str:
     ref = curves.get("ddp-gloo") or next(iter(curves.values()))
     target = ref[-1][1] - 0.01
     base = time_to(ref, target)
-    lines += [f"digits, MLP 64-{cfg['hidden']}-10, {cfg['epochs']} epochs, batch {cfg['batch']} "
+    h = cfg["hidden"]
+    lines += [f"digits, MLP 64-{h}-{h}-10, {cfg['epochs']} epochs, batch {cfg['batch']} "
               f"per rank; target: ddp-gloo's final accuracy - 1 point = {target:.3f}", "",
               "| way | final accuracy | time to target (s) | vs ddp-gloo |",
               "|---|---:|---:|---:|"]
@@ -312,6 +338,26 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _launch_here(n: int, cfg: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
+    """One host (``--layout N``): torchrun on this machine, no namespaces."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "RINGLET_HOST_ID")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(n), "-m", "ringlet.bench.algorithms", "--worker", str(out)]
+    res = subprocess.run(argv, env=env, timeout=timeout, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{PROGRESS} torchrun failed:\n{res.stdout[-4000:]}{res.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    result["layout"] = [n]
+    return result
+
+
 def main() -> None:
     """Entry point of ``python -m ringlet.bench algorithms`` (and, with
     ``--worker DIR``, of each rank under torchrun)."""
@@ -321,18 +367,22 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m ringlet.bench algorithms", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", default="steps", choices=["steps", "accuracy"])
-    p.add_argument("--layout", default="2,2", help="ranks per host (default 2,2)")
+    p.add_argument("--layout", default="2,2",
+                   help="ranks per host (default 2,2); one number: one host, no namespaces "
+                        "(no root needed)")
     p.add_argument("--rate", default=None,
                    help="tbf rate of each host link (default 1gbit for steps, 100mbit for "
                         "accuracy; 'none' for the raw veth)")
     p.add_argument("--modes", default=None, help="comma list of ways (default: all of the part)")
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--batch", type=int, default=None, help="default 16 (steps), 32 (accuracy)")
+    p.add_argument("--batch", type=int, default=None, help="per rank (default 16)")
     p.add_argument("--steps", type=int, default=5, help="steps per block")
     p.add_argument("--rounds", type=int, default=4, help="rounds of blocks (the first: warm-up)")
     p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--qadam-warmup", type=int, default=40,
+                   help="QAdam's warm-up steps in the accuracy part (default 40)")
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
@@ -347,24 +397,32 @@ def main() -> None:
     bad = [m for m in modes if m not in STEP_MODES]
     if bad:
         raise SystemExit(f"{PROGRESS} unknown ways {bad}: choose from {', '.join(STEP_MODES)}")
+    one_host = args.layout.strip().isdigit()
     try:
-        layout = parse_layout(args.layout, None, None)
+        layout = [int(args.layout)] if one_host else parse_layout(args.layout, None, None)
     except ValueError as e:
         raise SystemExit(f"{PROGRESS} {e}") from None
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        raise SystemExit(NEED_ROOT)
-    why = netns.why_not(rate is not None)
-    if why:
-        raise SystemExit(f"{PROGRESS} {why}")
-    netns.cleanup_stale(args.tag)
+    if not one_host:
+        if not hasattr(os, "geteuid") or os.geteuid() != 0:
+            raise SystemExit(NEED_ROOT)
+        why = netns.why_not(rate is not None)
+        if why:
+            raise SystemExit(f"{PROGRESS} {why}")
+        netns.cleanup_stale(args.tag)
+    else:
+        rate = None
     cfg = {"part": args.part, "layout": layout, "rate": rate, "modes": list(modes),
            "width": args.width, "layers": args.layers,
-           "batch": args.batch or (16 if steps else 32), "steps": args.steps,
-           "rounds": args.rounds, "hidden": args.hidden, "epochs": args.epochs}
+           "batch": args.batch or 16, "steps": args.steps,
+           "rounds": args.rounds, "hidden": args.hidden, "epochs": args.epochs,
+           "qadam_warmup": args.qadam_warmup}
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ringlet-bench-alg-"))
     try:
-        result = launch_in_hosts(layout, rate, "ringlet.bench.algorithms", cfg, out,
-                                 args.timeout, args.tag, args.keep is not None, PROGRESS)
+        if one_host:
+            result = _launch_here(layout[0], cfg, out, args.timeout)
+        else:
+            result = launch_in_hosts(layout, rate, "ringlet.bench.algorithms", cfg, out,
+                                     args.timeout, args.tag, args.keep is not None, PROGRESS)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except (RuntimeError, TimeoutError) as e:

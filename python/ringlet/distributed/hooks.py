@@ -102,11 +102,11 @@ class ByteGradState:
                                                name, domain)
         self._closers.append(flat)
         if hierarchical:
-            intra, inter, n_hosts = runtime._bagua_levels(
-                store, key, members, me, list(hosts), addr, timeout, name, domain
+            intra, inter, n_hosts, channel = runtime._bagua_levels(
+                store, key, members, me, hosts, addr, timeout, name, domain
             )
-            self._closers.extend(c for c in (intra, inter) if c is not None)
-            comms = _core.Comms.hierarchical(intra, inter, n_hosts, len(members))
+            self._closers.extend(c for c in (intra, inter, channel) if c is not None)
+            comms = _core.Comms.hierarchical(intra, inter, n_hosts, len(members), channel)
         else:
             comms = _core.Comms.flat(flat)
         self.process_group = pg

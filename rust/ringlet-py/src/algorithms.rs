@@ -34,17 +34,21 @@ impl Comms {
     /// The host's ranks on `intra` (its rank 0 is the host's leader), the
     /// hosts' leaders on `inter` (None on other ranks), `hosts` hosts and
     /// `size` ranks in the group.
+    /// `channel`: with every host holding the same number of ranks, the
+    /// ranks at this rank's position on every host.
     #[staticmethod]
-    #[pyo3(signature = (intra, inter, hosts, size))]
+    #[pyo3(signature = (intra, inter, hosts, size, channel=None))]
     fn hierarchical(
         intra: &Communicator,
         inter: Option<&Communicator>,
         hosts: usize,
         size: usize,
+        channel: Option<&Communicator>,
     ) -> PyResult<Self> {
         let inner = alg::Comms::hierarchical(
             intra.inner.clone(),
             inter.map(|c| c.inner.clone()),
+            channel.map(|c| c.inner.clone()),
             hosts,
             size,
         )

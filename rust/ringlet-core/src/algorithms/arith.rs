@@ -140,8 +140,10 @@ pub(crate) fn div(buf: &mut [u8], dtype: DType, divisor: f64) -> Result<()> {
     by_float!(dtype, "averaging", go(buf, divisor))
 }
 
-/// `dst[i] = dst[i] + src[i] * factor` (the product rounded, then the sum).
-pub(crate) fn add_scaled(dst: &mut [u8], src: &[u8], dtype: DType, factor: f64) -> Result<()> {
+/// `dst[i] = dst[i] + src[i] * factor` (the product rounded, then the sum):
+/// the reference `ring_mix` is checked against.
+#[cfg(test)]
+fn add_scaled(dst: &mut [u8], src: &[u8], dtype: DType, factor: f64) -> Result<()> {
     fn go<T: Float>(dst: &mut [u8], src: &[u8], f: f64) -> Result<()> {
         let f = T::wide(f);
         let src = cast::<T>(src)?;
@@ -156,6 +158,39 @@ pub(crate) fn add_scaled(dst: &mut [u8], src: &[u8], dtype: DType, factor: f64) 
         dtype,
         "the low-precision decentralized update",
         go(dst, src, factor)
+    )
+}
+
+/// Low-precision decentralized SGD's difference, in one pass:
+/// `t[i] = t[i] + l[i] * a + r[i] * a + w[i] * b`, rounded exactly as three
+/// `add_scaled` calls in that order (each product, then each sum).
+pub(crate) fn ring_mix(
+    t: &mut [u8],
+    l: &[u8],
+    r: &[u8],
+    w: &[u8],
+    dtype: DType,
+    a: f64,
+    b: f64,
+) -> Result<()> {
+    fn go<T: Float>(t: &mut [u8], l: &[u8], r: &[u8], w: &[u8], a: f64, b: f64) -> Result<()> {
+        let (a, b) = (T::wide(a), T::wide(b));
+        let (l, r, w) = (cast::<T>(l)?, cast::<T>(r)?, cast::<T>(w)?);
+        for (((x, &l), &r), &w) in cast_mut::<T>(t)?.iter_mut().zip(l).zip(r).zip(w) {
+            let mut acc = x.widen();
+            acc = T::narrow(acc + T::narrow(l.widen() * a).widen()).widen();
+            acc = T::narrow(acc + T::narrow(r.widen() * a).widen()).widen();
+            *x = T::narrow(acc + T::narrow(w.widen() * b).widen());
+        }
+        Ok(())
+    }
+    for (what, len) in [("left", l.len()), ("right", r.len()), ("weight", w.len())] {
+        same_len(t.len(), len, what)?;
+    }
+    by_float!(
+        dtype,
+        "the low-precision decentralized update",
+        go(t, l, r, w, a, b)
     )
 }
 
@@ -263,6 +298,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(floats(&out), vec![0.5, -2.0]);
+        let mut t = bytes(&[1.0, 2.0]);
+        let (l, r, w) = (bytes(&[3.0, 6.0]), bytes(&[0.3, 0.7]), bytes(&[1.1, -2.0]));
+        let mut t2 = t.clone();
+        for (x, f) in [(&l, 1.0 / 3.0), (&r, 1.0 / 3.0), (&w, -5.0 / 3.0)] {
+            add_scaled(&mut t2, x, DType::F32, f).unwrap();
+        }
+        ring_mix(&mut t, &l, &r, &w, DType::F32, 1.0 / 3.0, -5.0 / 3.0).unwrap();
+        assert_eq!(t, t2);
         let mut w = bytes(&[10.0]);
         async_update(&mut w, &bytes(&[6.0]), &bytes(&[1.0]), DType::F32, 3.0).unwrap();
         assert_eq!(floats(&w), vec![10.0 + (2.0 - 1.0)]);

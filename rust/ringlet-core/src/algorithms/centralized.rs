@@ -9,7 +9,11 @@
 //!   (`super::compressed`), with optional error feedback per bucket.
 //! * Hierarchical: an exact sum over the host's ranks (shared memory), the
 //!   exchange above between the hosts' leaders (where the bytes cost), a
-//!   broadcast within each host. With one host there is nothing to send
+//!   broadcast within each host. When every host holds the same number of
+//!   ranks, all of them carry a share instead: an exact reduce-scatter
+//!   within the host, the exchange of each share between the ranks at the
+//!   same position on every host (L exchanges in parallel, each rank
+//!   compressing 1/L of the bucket), an all-gather within the host. With one host there is nothing to send
 //!   across hosts: the host's exact sum is the result (Bagua would still
 //!   quantize it twice; ringlet keeps it exact and costs one all-reduce).
 //!   The mean gives every rank the same weight also when hosts hold
@@ -18,9 +22,9 @@
 //!   then the mean over hosts.
 
 use super::arith;
-use super::compressed::{compressed_all_reduce, Feedback, Scratch};
+use super::compressed::{compressed_all_reduce, grow, Feedback, Scratch};
 use super::levels::{broadcast, reduce, sum, Comms};
-use crate::dtype::DType;
+use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::SharedCommunicator;
 use crate::registry::{BucketOp, BucketTensors};
@@ -35,6 +39,7 @@ pub struct CentralizedOp {
     error_feedback: bool,
     feedback: HashMap<u64, Feedback>,
     scratch: Scratch,
+    shares: Vec<u64>,
     staging: Vec<u64>,
 }
 
@@ -60,6 +65,7 @@ impl CentralizedOp {
             error_feedback,
             feedback: HashMap::new(),
             scratch: Scratch::default(),
+            shares: Vec::new(),
             staging: Vec::new(),
         })
     }
@@ -97,6 +103,7 @@ impl CentralizedOp {
             error_feedback,
             feedback,
             scratch,
+            shares,
             ..
         } = self;
         // The exchange level: sum, or mean over its ranks (divided inside
@@ -117,6 +124,7 @@ impl CentralizedOp {
             Comms::Hierarchical {
                 intra,
                 inter,
+                channel,
                 hosts,
                 size,
             } => {
@@ -124,13 +132,30 @@ impl CentralizedOp {
                     // One host: its exact sum is everything there is.
                     return reduce(intra, buf, dtype, average.then_some(*size));
                 }
+                let host_mean = *size as f64 / *hosts as f64;
+                let l = intra.size();
+                if let Some(ch) = channel {
+                    if l > 1 && (buf.len() / dtype.size()).is_multiple_of(l) {
+                        // Every rank of the host carries a share: an exact
+                        // reduce-scatter within the host, the exchange of
+                        // each share between the ranks at the same position
+                        // on every host, an all-gather within the host.
+                        let share = grow(shares, buf.len() / l);
+                        intra.with(|c| c.reduce_scatter(buf, share, dtype, ReduceOp::Sum))?;
+                        if *average {
+                            arith::div(share, dtype, host_mean)?;
+                        }
+                        exchange(ch, share, *average)?;
+                        return intra.with(|c| c.all_gather(share, buf, dtype));
+                    }
+                }
                 sum(intra, buf, dtype)?;
                 if let Some(inter) = inter {
                     if *average {
                         // The host's sum over (group size / hosts): the host
                         // mean when hosts are even (Bagua's numerics), and
                         // every rank weighted alike when they are not.
-                        arith::div(buf, dtype, *size as f64 / *hosts as f64)?;
+                        arith::div(buf, dtype, host_mean)?;
                     }
                     exchange(inter, buf, *average)?;
                 }

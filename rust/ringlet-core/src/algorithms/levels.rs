@@ -17,9 +17,14 @@ pub enum Comms {
     /// Bagua's `hierarchical=True`: `intra` holds the group's ranks on this
     /// host (its rank 0 is the host's *leader*), `inter` the leaders of the
     /// `hosts` hosts (`None` on other ranks); `size` is the group's size.
+    /// When every host holds the same number of the group's ranks, `channel`
+    /// holds the ranks at this rank's position on every host (the leaders'
+    /// channel is `inter`): a centralized operation then splits the bucket
+    /// among the host's ranks and each carries its share across hosts.
     Hierarchical {
         intra: SharedCommunicator,
         inter: Option<SharedCommunicator>,
+        channel: Option<SharedCommunicator>,
         hosts: usize,
         size: usize,
     },
@@ -31,9 +36,20 @@ impl Comms {
     pub fn hierarchical(
         intra: SharedCommunicator,
         inter: Option<SharedCommunicator>,
+        channel: Option<SharedCommunicator>,
         hosts: usize,
         size: usize,
     ) -> Result<Comms> {
+        if let Some(c) = &channel {
+            if c.size() != hosts || size != hosts * intra.size() {
+                return Err(Error::InvalidArgument(format!(
+                    "a channel communicator of {} ranks for {hosts} hosts of {} ranks \
+                     (group of {size})",
+                    c.size(),
+                    intra.size()
+                )));
+            }
+        }
         let leader = intra.rank() == 0;
         match &inter {
             Some(c) if !leader => {
@@ -66,6 +82,7 @@ impl Comms {
         Ok(Comms::Hierarchical {
             intra,
             inter,
+            channel,
             hosts,
             size,
         })

@@ -96,9 +96,15 @@ impl LowPrecisionOp {
             recv,
             ..
         } = self;
-        arith::add_scaled(t, left.bytes(), dtype, 1.0 / 3.0)?;
-        arith::add_scaled(t, right.bytes(), dtype, 1.0 / 3.0)?;
-        arith::add_scaled(t, weight.bytes(), dtype, -5.0 / 3.0)?;
+        arith::ring_mix(
+            t,
+            left.bytes(),
+            right.bytes(),
+            weight.bytes(),
+            dtype,
+            1.0 / 3.0,
+            -5.0 / 3.0,
+        )?;
         let clen = codec::compressed_len(dtype, t.len() / dtype.size());
         let (n, me) = (comm.size(), comm.rank());
         let (lrank, rrank) = ((me + n - 1) % n, (me + 1) % n);
@@ -138,10 +144,9 @@ impl LowPrecisionOp {
             &received[at(rrank)..at(rrank) + clen],
             right.bytes_mut(),
         )?;
-        // t = w + Q(d); w = t
+        // w = w + Q(d); t = w
+        codec::decompress_add(dtype, own, weight.bytes_mut())?;
         t.copy_from_slice(weight.bytes());
-        codec::decompress_add(dtype, own, t)?;
-        weight.bytes_mut().copy_from_slice(t);
         Ok(())
     }
 
