@@ -59,6 +59,15 @@ def ensure_tensor(
     return ensure_ringlet_tensor(t, name, module_name, getter, setter)
 
 
+def aligned_buckets(tensors: list[list[torch.Tensor]], do_flatten: bool,
+                    alignment: int) -> list[BaguaBucket]:
+    """One bucket per suggested group, padded to a multiple of
+    ``alignment`` elements (compressing algorithms pass the group's size,
+    as Bagua's do, so every rank's chunk is equal)."""
+    return [BaguaBucket(b, flatten=do_flatten, name=str(i), alignment=alignment)
+            for i, b in enumerate(tensors)]
+
+
 class Algorithm:
     """The base class of every algorithm (Bagua's ``Algorithm``).
 
@@ -151,7 +160,7 @@ class AlgorithmImpl:
         Returns:
           list[BaguaBucket]: The buckets.
         """
-        return [BaguaBucket(b, flatten=do_flatten, name=str(i)) for i, b in enumerate(tensors)]
+        return aligned_buckets(tensors, do_flatten, 1)
 
     def init_forward_pre_hook(self, bagua_ddp: Any) -> Callable[[Any], None]:
         """Returns the function run before each training forward, with the

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..bucket import BaguaBucket
 from ..communication import BaguaProcessGroup
-from .base import Algorithm, AlgorithmImpl
+from .base import Algorithm, AlgorithmImpl, aligned_buckets
 
 __all__ = ["ByteGradAlgorithm", "ByteGradAlgorithmImpl"]
 
@@ -43,11 +43,7 @@ class ByteGradAlgorithmImpl(AlgorithmImpl):
         self.error_feedback = error_feedback
 
     def tensors_to_buckets(self, tensors: list[list[Any]], do_flatten: bool) -> list[BaguaBucket]:
-        return [
-            BaguaBucket(b, flatten=do_flatten, name=str(i),
-                        alignment=len(self.process_group.ranks))
-            for i, b in enumerate(tensors)
-        ]
+        return aligned_buckets(tensors, do_flatten, len(self.process_group.ranks))
 
     def init_operations(self, bagua_ddp: Any, bucket: BaguaBucket) -> None:
         bucket.clear_ops()

@@ -25,7 +25,7 @@ from torch.optim.optimizer import Optimizer
 
 from ..bucket import BaguaBucket
 from ..communication import BaguaProcessGroup
-from .base import Algorithm, AlgorithmImpl, ensure_tensor
+from .base import Algorithm, AlgorithmImpl, aligned_buckets, ensure_tensor
 
 __all__ = ["QAdamAlgorithm", "QAdamAlgorithmImpl", "QAdamOptimizer"]
 
@@ -186,11 +186,7 @@ class QAdamAlgorithmImpl(AlgorithmImpl):
         return tensors
 
     def tensors_to_buckets(self, tensors: list[list[Any]], do_flatten: bool) -> list[BaguaBucket]:
-        return [
-            BaguaBucket(b, flatten=do_flatten, name=str(i),
-                        alignment=len(self.process_group.ranks))
-            for i, b in enumerate(tensors)
-        ]
+        return aligned_buckets(tensors, do_flatten, len(self.process_group.ranks))
 
     def init_operations(self, bagua_ddp: Any, bucket: BaguaBucket) -> None:
         bucket.clear_ops()

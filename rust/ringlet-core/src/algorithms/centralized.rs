@@ -167,12 +167,9 @@ impl CentralizedOp {
 
 impl BucketOp for CentralizedOp {
     fn run(&mut self, bucket: &BucketTensors<'_>) -> Result<()> {
-        let Some(dtype) = bucket.tensors.first().map(|t| t.dtype) else {
-            return Ok(());
-        };
-        let mut staging = std::mem::take(&mut self.staging);
         let key = bucket.index as u64;
-        let out = bucket.with_host(&mut staging, |buf| self.apply(buf, dtype, key));
+        let mut staging = std::mem::take(&mut self.staging);
+        let out = bucket.on_host(&mut staging, |buf, dtype| self.apply(buf, dtype, key));
         self.staging = staging;
         out
     }

@@ -196,11 +196,8 @@ fn exchange(
 
 impl BucketOp for DecentralizedOp {
     fn run(&mut self, bucket: &BucketTensors<'_>) -> Result<()> {
-        let Some(dtype) = bucket.tensors.first().map(|t| t.dtype) else {
-            return Ok(());
-        };
         let mut staging = std::mem::take(&mut self.staging);
-        let out = bucket.with_host(&mut staging, |buf| self.apply(buf, dtype));
+        let out = bucket.on_host(&mut staging, |buf, dtype| self.apply(buf, dtype));
         self.staging = staging;
         out
     }

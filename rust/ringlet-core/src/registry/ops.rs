@@ -103,6 +103,20 @@ impl BucketOp for AllReduceOp {
 }
 
 impl BucketTensors<'_> {
+    /// [`BucketTensors::with_host`] with the bucket's dtype handed to `f`
+    /// (nothing to do for an empty bucket): how every algorithm operation
+    /// runs.
+    pub fn on_host(
+        &self,
+        staging: &mut Vec<u64>,
+        f: impl FnOnce(&mut [u8], DType) -> Result<()>,
+    ) -> Result<()> {
+        let Some(dtype) = self.tensors.first().map(|t| t.dtype) else {
+            return Ok(());
+        };
+        self.with_host(staging, |buf| f(buf, dtype))
+    }
+
     /// Runs `f` on the bucket's data as one contiguous host buffer (its
     /// tensors back to back, in bucket order): the tensors' own memory when
     /// they are a flattened bucket in host memory, their back-to-back host
