@@ -345,6 +345,20 @@ def api_job(rank: int, world: int, port: int) -> dict[str, Any]:
         except ringlet.CollectiveMismatchError as e:
             assert "ranks [0]" in str(e) and "ranks [1, 2, 3]" in str(e), e
 
+    # A torch.distributed group's Bagua twin (Bagua's test_from_torch_group).
+    import torch.distributed as dist
+
+    from ringlet.compat.bagua.communication import from_torch_group
+
+    for members in ([1], [0, 2]):
+        tg = dist.new_group(members)
+        bg = from_torch_group(tg)
+        if rank in members:
+            c = bg.get_global_communicator()
+            assert (c.rank(), c.nranks()) == (dist.get_rank(tg), dist.get_world_size(tg))
+        else:
+            assert _rank_not_in_group(bg)
+
     # shift_one needs an even number of ranks: a 3-rank group refuses, on
     # every member, before any exchange.
     group = new_group([0, 1, 2])

@@ -469,10 +469,14 @@ def from_torch_group(group: Any, stream: Any = None) -> BaguaProcessGroup:
     import torch.distributed as dist
 
     next(_torch_group_id)
+    if group is None or group is dist.GroupMember.WORLD:
+        return new_group(None, stream)
     try:
         ranks = list(dist.get_process_group_ranks(group))
-    except (RuntimeError, ValueError):  # not a member: ranks from the store
-        ranks = list(range(group.size()))
+    except (RuntimeError, ValueError, AttributeError):
+        # torch hands a rank outside a group a placeholder: the group is
+        # named all the same (every rank counts groups alike), without it
+        ranks = []
     return new_group(ranks, stream)
 
 
