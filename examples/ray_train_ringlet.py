@@ -36,8 +36,8 @@ def train_loop(config: dict[str, Any]) -> None:
         torch.nn.functional.mse_loss(model(x), y).backward()  # all_reduce on the group
         opt.step()
     if dist.get_rank() == 0:
-        print(f"backend {dist.get_backend()}: weight "
-              f"{model.module.weight.flatten()[:3].tolist()}", flush=True)
+        params = torch.cat([p.detach().flatten() for p in model.parameters()])
+        print(f"backend {dist.get_backend()}: parameters {params.tolist()}", flush=True)
 
 
 def main(backend: str = "ringlet", workers: int = 2) -> None:
