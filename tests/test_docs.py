@@ -94,3 +94,17 @@ def test_configuration_page_names_every_variable() -> None:
     page = (ROOT / "docs" / "configuration.md").read_text()
     missing = sorted(name for name in found if f"`{name}`" not in page)
     assert len(found) >= 10 and not missing, missing
+
+
+def test_every_limit_names_the_test_that_shows_it() -> None:
+    """Each item of docs/limits.md names a test (``tests/<file>.py::<test>``)
+    that exists, so the page cannot claim what the suite does not show."""
+    text = (ROOT / "docs" / "limits.md").read_text()
+    items = re.split(r"\n- ", text.split("\n- ", 1)[1])
+    assert len(items) >= 8
+    for item in items:
+        named = re.findall(r"tests/([\w/]+\.py)::(test_\w+)", item)
+        assert named, f"a limit names no test: {item[:120]!r}"
+        for path, name in named:
+            source = (ROOT / "tests" / path).read_text()
+            assert re.search(rf"^def {name}\(", source, re.M), f"no {name} in tests/{path}"

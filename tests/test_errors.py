@@ -195,3 +195,20 @@ def test_send_without_receiver_times_out_naming_the_peer() -> None:
     out = launch(2, unanswered_send, gate, comm_timeout=3.0)
     assert "did not join within 3s" in out[0]
     assert re.search(r" (Timed out|closed|timeout) ", out[0]), out[0]  # as torch's tests match
+
+
+def different_groups(rank: int, world: int) -> str:
+    groups = [[0], [1]] if rank == 0 else [[0, 1]]
+    if rank == 0:
+        ringlet.all_reduce("sum", torch.ones(2), groups=groups)  # a group of one: at once
+        return "alone"
+    with pytest.raises(ringlet.CollectiveTimeoutError) as e:
+        ringlet.all_reduce("sum", torch.ones(2), groups=groups)
+    return str(e.value)
+
+
+def test_replica_groups_that_differ_across_ranks_wait_for_the_timeout() -> None:
+    """docs/limits.md: ranks passing different ``groups`` are not told apart;
+    the rank waiting for a peer that never joins times out, naming it."""
+    out = launch(2, different_groups, comm_timeout=2.0)
+    assert out[0] == "alone" and "rank 0" in out[1], out
