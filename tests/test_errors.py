@@ -8,6 +8,7 @@ import re
 import signal
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -197,18 +198,23 @@ def test_send_without_receiver_times_out_naming_the_peer() -> None:
     assert re.search(r" (Timed out|closed|timeout) ", out[0]), out[0]  # as torch's tests match
 
 
-def different_groups(rank: int, world: int) -> str:
+def different_groups(rank: int, world: int, gate: Any) -> str:
     groups = [[0], [1]] if rank == 0 else [[0, 1]]
     if rank == 0:
         ringlet.all_reduce("sum", torch.ones(2), groups=groups)  # a group of one: at once
+        gate.wait()  # stays alive until rank 1 has given up
         return "alone"
     with pytest.raises(ringlet.CollectiveTimeoutError) as e:
         ringlet.all_reduce("sum", torch.ones(2), groups=groups)
+    gate.wait()
     return str(e.value)
 
 
 def test_replica_groups_that_differ_across_ranks_wait_for_the_timeout() -> None:
     """docs/limits.md: ranks passing different ``groups`` are not told apart;
     the rank waiting for a peer that never joins times out, naming it."""
-    out = launch(2, different_groups, comm_timeout=2.0)
+    import torch.multiprocessing as mp
+
+    gate = mp.get_context("spawn").Barrier(2)
+    out = launch(2, different_groups, gate, comm_timeout=2.0)
     assert out[0] == "alone" and "rank 0" in out[1], out
