@@ -20,6 +20,10 @@ def _job(rank: int, world: int, port: int) -> list[str]:
     from ringlet.bench import c10d, collectives, cuda, dtypes, fronts
 
     peer = collectives._Gloo()
+    first = collectives.first_calls(4096, peer, 20)
+    assert all(first[k] > 0 for k in ("ringlet_first_us", "ringlet_steady_us",
+                                      "peer_first_us", "peer_steady_us"))
+    assert "| ringlet | 1.0 |" in collectives.first_table(first, peer.name, (1e-3, 2e-3))
     rows = collectives.run(list(collectives.OPS), [4096, 65536], 0.01, peer)
     text = collectives.table(rows, world, ringlet.transport(), peer.name)
     group = collectives._c10d_group("gloo")

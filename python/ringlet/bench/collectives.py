@@ -8,6 +8,10 @@ algbw * 2(n-1)/n for all_reduce, * (n-1)/n for all_gather and reduce_scatter,
 the median of single calls each made right after a barrier (as the OSU
 benchmarks time latency) and of single calls made 0.5 ms after a barrier
 (``--idle-us``: cold caches, ranks that gave their cores away).
+Before that it times the first all_reduce calls after start-up at the
+first size (``--first-calls``; each after a barrier, taking turns with the
+peer): calls 0-149 against the last 150, and how long each start-up took, so
+a slow first pass through fresh memory shows beside the steady state.
 ``--front`` picks ringlet's front end (the torch_xla-style API, torch.ops.ringlet
 or torch.distributed on a "ringlet" group), ``--dtype`` the element type.
 
@@ -215,6 +219,49 @@ def run(ops: list[str], sizes: list[int], budget: float, peer: Any, front: str =
     return rows
 
 
+def first_calls(size: int, peer: Any, calls: int = 1150, front: str = "xla", group: Any = None,
+                dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """The first ``calls`` all_reduce calls of ``size`` bytes after start-up,
+    each right after a barrier, ringlet's and the peer's taking turns (as a
+    harness that times one size per launch sees them). Returns the medians of
+    calls 0-149 and of the last 150 (steady state), in µs."""
+    x, out = _buffers("all_reduce", size, ringlet.world_size(), dtype)
+    y, out2 = x.clone(), out.clone()
+    ours, theirs = _ours("all_reduce", x, out, front, group), peer.call("all_reduce", y, out2)
+    a, b = [], []
+    for _ in range(calls):
+        a.append(_single(ours, ringlet.barrier))
+        b.append(_single(theirs, peer.barrier))
+    k = min(150, calls // 2)
+    return {
+        "bytes": size, "calls": calls,
+        "ringlet_first_us": statistics.median(a[:k]) * 1e6,
+        "ringlet_steady_us": statistics.median(a[-k:]) * 1e6,
+        "peer_first_us": statistics.median(b[:k]) * 1e6,
+        "peer_steady_us": statistics.median(b[-k:]) * 1e6,
+    }
+
+
+def first_table(r: dict[str, float], peer: str, init_s: tuple[float, float]) -> str:
+    """Renders :func:`first_calls`' medians and the start-up times."""
+    k = min(150, int(r["calls"]) // 2)
+    last = f"{int(r['calls']) - k}-{int(r['calls']) - 1}"
+    return "\n".join([
+        f"first calls after start-up: all_reduce of {_fmt_size(int(r['bytes']))}, each right "
+        f"after a barrier, taking turns",
+        "",
+        f"| library | start-up ms | calls 0-{k - 1} µs | calls {last} µs | first / steady |",
+        "|---|---:|---:|---:|---:|",
+        f"| ringlet | {init_s[0] * 1e3:.1f} | {r['ringlet_first_us']:.2f} | "
+        f"{r['ringlet_steady_us']:.2f} | {r['ringlet_first_us'] / r['ringlet_steady_us']:.2f} |",
+        f"| {peer} | {init_s[1] * 1e3:.1f} | {r['peer_first_us']:.2f} | "
+        f"{r['peer_steady_us']:.2f} | {r['peer_first_us'] / r['peer_steady_us']:.2f} |",
+        "",
+        f"ringlet / {peer} over the first calls: "
+        f"{r['peer_first_us'] / r['ringlet_first_us']:.2f}x",
+    ])
+
+
 def table(rows: list[dict[str, Any]], n: int, transport: str, peer: str,
           front: str = "xla", dtype: str = "float32") -> str:
     """Renders the rows as a Markdown table."""
@@ -278,19 +325,25 @@ def _c10d_group(against: str) -> Any:
     return None
 
 
-def _start(against: str) -> Any:
+def _start(against: str) -> tuple[Any, tuple[float, float]]:
     """Initialises ringlet and returns the peer library to time it against:
-    Open MPI (``"mpi"``, ranks from mpirun) or gloo (``"gloo"``, under torchrun)."""
+    Open MPI (``"mpi"``, ranks from mpirun) or gloo (``"gloo"``, under
+    torchrun), with the seconds each start-up took (ringlet's, the peer's)."""
     if against == "mpi":
+        t0 = time.perf_counter()
         peer: Any = _Mpi()
+        t1 = time.perf_counter()
         ringlet.init(
             rank=peer.comm.Get_rank(), world_size=peer.comm.Get_size(),
             master_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(os.environ.get("MASTER_PORT", "29555")),
         )
-        return peer
+        return peer, (time.perf_counter() - t1, t1 - t0)
+    t0 = time.perf_counter()
     ringlet.init()
-    return _Gloo()
+    t1 = time.perf_counter()
+    peer = _Gloo()
+    return peer, (t1 - t0, time.perf_counter() - t1)
 
 
 def main() -> None:
@@ -310,13 +363,21 @@ def main() -> None:
     p.add_argument("--front", default="xla", choices=["xla", "ops", "c10d"],
                    help="ringlet's front end: the torch_xla-style API, torch.ops.ringlet, "
                         "or torch.distributed on a 'ringlet' process group")
+    p.add_argument("--first-calls", type=int, default=1150,
+                   help="before anything else, this many all_reduce calls of the first size "
+                        "(each after a barrier): the first 150 against the last 150 (0: skip)")
     args = p.parse_args()
-    peer = _start(args.against)
+    peer, init_s = _start(args.against)
     group = _c10d_group(args.against) if args.front == "c10d" else None
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise SystemExit(f"unknown dtype {args.dtype!r}")
-    rows = run(args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.budget, peer,
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.first_calls:
+        first = first_calls(sizes[0], peer, args.first_calls, args.front, group, dtype)
+        if ringlet.get_ordinal() == 0:
+            print(first_table(first, peer.name, init_s), "\n", flush=True)
+    rows = run(args.ops.split(","), sizes, args.budget, peer,
                args.front, group, dtype, args.idle_us * 1e-6)
     if ringlet.get_ordinal() == 0:
         print(table(rows, ringlet.world_size(), ringlet.transport(), peer.name, args.front,

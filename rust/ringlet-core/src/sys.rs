@@ -89,6 +89,36 @@ impl Mapping {
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+
+    /// Faults every page of the mapping in now, so that the first operations
+    /// do not each pay page faults (allocation and zeroing of a shared page,
+    /// then one page-table entry per process): without it a communicator's
+    /// first pass through its staging windows ran at 2.5x the steady cost.
+    ///
+    /// `MADV_POPULATE_WRITE` (Linux 5.14) allocates the pages and maps them
+    /// writable without changing a byte; older kernels get one read per page,
+    /// which allocates a shared-memory page and maps it as well. Must run
+    /// before any rank writes data into the segment (the reads would race).
+    pub fn prefault(&self) {
+        // SAFETY: `ptr`/`len` describe exactly this mapping; POPULATE_WRITE
+        // changes no contents (it only simulates write faults).
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
+        for off in (0..self.len).step_by(4096) {
+            // SAFETY: off < len, so the byte lies inside the mapping; the
+            // caller guarantees nobody writes the segment yet, and the value
+            // read is discarded.
+            unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(off)) };
+        }
+    }
 }
 
 impl Drop for Mapping {

@@ -88,6 +88,7 @@ impl Segment {
         let (slots_off, total) = layout(nranks, slot_bytes);
         let fd = sys::memfd(total)?;
         let map = Mapping::new(&fd, total)?;
+        map.prefault();
         let seg = Segment {
             map,
             nranks,
@@ -108,6 +109,9 @@ impl Segment {
         let (slots_off, total) = layout(nranks, slot_bytes);
         let file = sys::open_peer_fd(pid, fd)?;
         let map = Mapping::new(&file, total)?;
+        // Every rank maps every page before the first operation (no rank
+        // writes slot data until all ranks have finished setting up).
+        map.prefault();
         let seg = Segment {
             map,
             nranks,
