@@ -172,6 +172,94 @@ def _make_store(addr: str, port: int, rank: int, world: int, timeout: float) -> 
     )
 
 
+def _timed_out(mine: int, who: int, timeout: float, key: str, why: str) -> CollectiveTimeoutError:
+    # " Timed out " as torch's backends say it (its tests and log scrapers
+    # look for it), then ringlet's rank and culprit.
+    err = CollectiveTimeoutError(
+        f"rank {mine}: Timed out waiting for rank {who}: rank {who} did not join "
+        f"within {timeout:g}s (connecting {key!r}): {why}"
+    )
+    err.rank, err.culprit, err.cause = mine, who, "timeout"
+    return err
+
+
+def _await(store: Any, keys: list[str], timeout: float) -> None:
+    """Blocks until every key in ``keys`` is set (``TimeoutError`` after
+    ``timeout`` s). The wait runs on a client of its own (``Store.clone``):
+    a blocking wait holds its client's lock, and threads of one process that
+    connect different groups at once (the c10d backend's queues) would wait
+    on each other. Stores that cannot clone are polled instead."""
+    try:
+        client = store.clone()
+    except Exception:  # not every store can (HashStore, Python stores)
+        client = None
+    if client is not None:
+        try:
+            client.wait(keys, timedelta(seconds=timeout))
+        except Exception as e:
+            raise TimeoutError(str(e)) from None
+        return
+    deadline, pause = time.monotonic() + timeout, 1e-4
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"keys {keys[:3]!r}... not set")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+
+
+def _get_all(store: Any, keys: list[str]) -> list[bytes]:
+    """``store.multi_get`` (one round trip), or one get per key where the
+    store has none."""
+    try:
+        return [bytes(v) for v in store.multi_get(keys)]
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return [bytes(store.get(k)) for k in keys]
+
+
+def _exchange(
+    store: Any, key: str, group_rank: int, group_size: int, me: dict[str, str],
+    timeout: float, members: Optional[list[int]] = None,
+) -> tuple[list[dict[str, str]], int]:
+    """Every rank's record (address, host, machine) to every rank of the
+    group, and the group's token, in a constant number of store operations
+    per rank: the others set their record, rank 0 waits for all of them,
+    reads them in one ``multi_get`` and publishes the table under one key,
+    which the others wait for and read (4 operations on rank 0, 3 on the others; before, every
+    rank polled and read every other rank's key: 2p^2 operations on one
+    server per group). A rank that never sets its record is named by rank 0
+    in the table, so every rank raises naming it; a missing rank 0 is named
+    by the others' own wait."""
+    glob = members if members is not None else list(range(group_size))
+    mine = glob[group_rank]
+    table = f"{key}/table"
+    # Rank 0 sets its record too: it says the group is being connected (a
+    # receive from any source looks for a sender's pair this way).
+    store.set(f"{key}/peer/{group_rank}", json.dumps(me))
+    if group_rank == 0:
+        keys = [f"{key}/peer/{r}" for r in range(1, group_size)]
+        try:
+            _await(store, keys, timeout)
+        except TimeoutError as e:
+            late = next((r for r in range(1, group_size)
+                         if not store.check([f"{key}/peer/{r}"])), 1)
+            store.set(table, json.dumps({"missing": late, "why": str(e)}))
+            raise _timed_out(mine, glob[late], timeout, key, str(e)) from None
+        peers = [me] + [json.loads(v) for v in _get_all(store, keys)]
+        token = secrets.randbits(63)
+        store.set(table, json.dumps({"peers": peers, "token": token}))
+        return peers, token
+    # Longer than rank 0's own wait: its verdict on a missing rank arrives
+    # before this wait gives up on rank 0 itself.
+    try:
+        _await(store, [table], timeout + min(5.0, 1.0 + 0.1 * timeout))
+    except TimeoutError as e:
+        raise _timed_out(mine, glob[0], timeout, key, str(e)) from None
+    got = json.loads(bytes(store.get(table)))
+    if "missing" in got:
+        raise _timed_out(mine, glob[int(got["missing"])], timeout, key, str(got["why"]))
+    return list(got["peers"]), int(got["token"])
+
+
 def _connect(
     store: Any,
     key: str,
@@ -194,38 +282,7 @@ def _connect(
     bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
     listener = _core.Listener(f"{bind}:0")
     me = {"addr": f"{addr}:{listener.port}", "host": host, "machine": machine}
-    store.set(f"{key}/peer/{group_rank}", json.dumps(me))
-    if group_rank == 0:
-        store.set(f"{key}/token", str(secrets.randbits(63)))
-
-    deadline = time.monotonic() + timeout
-
-    def fetch(what: str, r: int) -> bytes:
-        # Poll instead of a blocking get: a blocking get holds the store
-        # client's lock, and threads of one process that connect different
-        # groups at once (the c10d backend's queues) would wait on each other.
-        pause = 1e-4
-        try:
-            while not store.check([what]):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"key {what!r} not set")
-                time.sleep(pause)
-                pause = min(2 * pause, 0.01)
-            return bytes(store.get(what))
-        except Exception as e:  # the deadline, or the store's own error
-            who = members[r] if members is not None else r
-            mine = members[group_rank] if members is not None else group_rank
-            # " Timed out " as torch's backends say it (its tests and log
-            # scrapers look for it), then ringlet's rank and culprit.
-            err = CollectiveTimeoutError(
-                f"rank {mine}: Timed out waiting for rank {who}: rank {who} did not join "
-                f"within {timeout:g}s (connecting {key!r}): {e}"
-            )
-            err.rank, err.culprit, err.cause = mine, who, "timeout"
-            raise err from None
-
-    peers = [json.loads(fetch(f"{key}/peer/{r}", r)) for r in range(group_size)]
-    token = int(fetch(f"{key}/token", 0))
+    peers, token = _exchange(store, key, group_rank, group_size, me, timeout, members)
     hosts = _HostTable(p["host"] for p in peers)
     hosts.machine_ranks = sum(1 for p in peers if p.get("machine") == machine)
     if crowded is None:

@@ -116,7 +116,8 @@ def overhead(reps: int = 10000) -> dict[str, float]:
 
 
 DOOR_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
-DOORS = ["deepspeed op", "ringlet op", "engine call", "dist native", "dist python", "torch floor"]
+DOORS = ["deepspeed op", "ringlet op", "engine call", "group engine", "dist native",
+         "dist python", "torch floor"]
 
 
 def _deepspeed_op() -> Optional[Callable[[torch.Tensor], Any]]:
@@ -144,7 +145,8 @@ def _deepspeed_op() -> Optional[Callable[[torch.Tensor], Any]]:
     return op
 
 
-def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float) -> list[dict]:
+def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
+          group: Any = None) -> list[dict]:
     """``all_reduce`` (sum, in place) of each size and dtype through every
     door, alternating blocks of back-to-back calls after a barrier, ``rounds``
     rounds; the median µs per call of each door. ``dist native`` and
@@ -153,7 +155,11 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float) -> li
     ``dist.all_reduce`` on a C++ Backend that does nothing (torch's own
     wrapper and dispatch: a lower bound for any backend); ``engine call`` is
     ``ringlet.all_reduce(REDUCE_SUM, [t])``; ``ringlet op`` is
-    ``torch.ops.ringlet.all_reduce_(t)``."""
+    ``torch.ops.ringlet.all_reduce_(t)``. With ``group`` (a ``"ringlet"``
+    group made by ``new_group`` beside another default backend) the op names
+    it (``all_reduce_(t, "sum", group.group_name)``), ``dist native`` runs on
+    it, and ``group engine`` is the engine's call on that group's own
+    communicator."""
     from ringlet import _native
     from ringlet.c10d import ProcessGroupRinglet, backend_kind
 
@@ -162,20 +168,22 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float) -> li
         "ringlet_python", lambda o, p=None: ProcessGroupRinglet(
             o.store, o.group_rank, o.group_size, o.timeout), extended_api=True, devices=["cpu"])
     python_pg = dist.new_group(backend="ringlet_python")
+    gname = group.group_name if group is not None else ""
     floor_pg = None
     if ext is not None:
         dist.Backend.register_backend(
             "ringlet_noop", lambda o, p=None: ext.NoopBackend(o.group_rank, o.group_size),
             extended_api=True, devices=["cpu"])
         floor_pg = dist.new_group(backend="ringlet_noop")
-    native = backend_kind() == "native"
+    native = backend_kind(group) == "native"
     ds = _deepspeed_op()
     rows = []
     for name in dtypes:
         dtype = getattr(torch, name)
         for size in sizes:
             x = torch.zeros(size // dtype.itemsize, dtype=dtype)  # sums stay finite
-            calls = _door_calls(x, python_pg, floor_pg if native else None, native, ds)
+            calls = _door_calls(x, python_pg, floor_pg if native else None, native, ds,
+                                group, gname)
             for f in calls.values():
                 f()
                 f()
@@ -190,15 +198,24 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float) -> li
 
 
 def _door_calls(x: torch.Tensor, python_pg: Any, floor_pg: Any, native: bool,
-                ds: Optional[Callable[[torch.Tensor], Any]]) -> dict[str, Callable[[], Any]]:
+                ds: Optional[Callable[[torch.Tensor], Any]], group: Any = None,
+                gname: str = "") -> dict[str, Callable[[], Any]]:
     """One in-place sum of ``x`` per door (see :func:`doors`)."""
     calls: dict[str, Callable[[], Any]] = {
-        "ringlet op": lambda: torch.ops.ringlet.all_reduce_(x),
+        "ringlet op": (lambda: torch.ops.ringlet.all_reduce_(x, "sum", gname)) if gname
+        else (lambda: torch.ops.ringlet.all_reduce_(x)),
         "engine call": lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [x]),
         "dist python": lambda: dist.all_reduce(x, group=python_pg),
     }
     if native:
-        calls["dist native"] = lambda: dist.all_reduce(x)
+        calls["dist native"] = lambda: dist.all_reduce(x, group=group)
+    if group is not None:
+        from ringlet.c10d import python_group
+
+        comm = python_group(group)._world()
+        dt = str(x.dtype).removeprefix("torch.")
+        ptr, nbytes = x.data_ptr(), x.nbytes
+        calls["group engine"] = lambda: comm.all_reduce(ptr, nbytes, dt, "sum")
     if floor_pg is not None:
         calls["torch floor"] = lambda: dist.all_reduce(x, group=floor_pg)
     if ds is not None:
@@ -211,15 +228,19 @@ def _doors_table(rows: list[dict], n: int) -> str:
     ringlet's op; +µs: dist native over the engine call, and torch's floor)."""
     cols = [d for d in DOORS if any(d in r for r in rows)]
     head = "| dtype | size | " + " | ".join(f"{c} µs" for c in cols)
-    head += " | op vs DeepSpeed | dist native - engine call |"
+    head += (" | op vs DeepSpeed | op - engine call | dist native - engine call "
+             "| dist native - engine call - floor |")
     lines = [f"all_reduce (sum, in place), world size {n}, median µs per call of alternating "
-             "blocks", "", head, "|---|---|" + "---:|" * (len(cols) + 2)]
+             "blocks", "", head, "|---|---|" + "---:|" * (len(cols) + 4)]
     for r in rows:
         cells = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
         ratio = (f"{r['deepspeed op'] / r['ringlet op']:.2f}x" if "deepspeed op" in r else "-")
+        op = f"{r['ringlet op'] - r['engine call']:+.2f}"
         extra = (f"{r['dist native'] - r['engine call']:+.2f}" if "dist native" in r else "-")
+        net = (f"{r['dist native'] - r['engine call'] - r['torch floor']:+.2f}"
+               if "dist native" in r and "torch floor" in r else "-")
         lines.append(f"| {r['dtype']} | {_fmt(r['bytes'])} | " + " | ".join(cells)
-                     + f" | {ratio} | {extra} |")
+                     + f" | {ratio} | {op} | {extra} | {net} |")
     return "\n".join(lines)
 
 
@@ -292,6 +313,9 @@ def main() -> None:
     p.add_argument("--door-sizes", default=",".join(str(s) for s in DOOR_SIZES),
                    help="doors: bytes, comma list")
     p.add_argument("--rounds", type=int, default=25, help="doors: alternating rounds")
+    p.add_argument("--default", default="ringlet", choices=["ringlet", "gloo"],
+                   help="doors: the default group's backend; with gloo the doors run on a "
+                        "named ringlet group from new_group")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     p.add_argument("--budget", type=float, default=1.0, help="rough seconds per size")
@@ -300,8 +324,9 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--batch", type=int, default=1)
     args = p.parse_args()
-    dist.init_process_group("ringlet")
+    dist.init_process_group(args.default)
     gloo = dist.new_group(backend="gloo")
+    named = dist.new_group(backend="ringlet") if args.default == "gloo" else None
     n, me = dist.get_world_size(), dist.get_rank()
     what = args.what.split(",")
     if "ops" in what:
@@ -325,7 +350,7 @@ def main() -> None:
     if "doors" in what:
         ringlet.init()
         rows = doors([int(s) for s in args.door_sizes.split(",")], args.dtypes.split(","),
-                     args.rounds, args.budget)
+                     args.rounds, args.budget, named)
         if me == 0:
             print("\n" + _doors_table(rows, n))
     if "train" in what:

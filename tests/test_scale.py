@@ -1,0 +1,76 @@
+"""Costs that grow with the rank count: the store operations a rank makes to
+connect a group (a counting store wrapped around torch's TCPStore) stay a
+small constant, whatever the world size, over logical hosts
+(``RINGLET_HOST_ID``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import free_port, launch
+
+
+class CountingStore:
+    """Forwards to a torch store and counts each call by method (clones, the
+    connections a blocking wait runs on, share the count)."""
+
+    def __init__(self, store: Any, counts: Counter | None = None) -> None:
+        self._store, self.counts = store, counts if counts is not None else Counter()
+
+    def clone(self) -> CountingStore:
+        self.counts["clone"] += 1
+        return CountingStore(self._store.clone(), self.counts)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+    def ops(self) -> int:
+        """Round trips to the store server (clones are connections, not
+        operations)."""
+        return sum(v for k, v in self.counts.items() if k != "clone")
+
+
+def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
+    from torch.distributed import TCPStore
+
+    import ringlet
+
+    real = TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60),
+                    wait_for_workers=False)
+    store = CountingStore(real)
+    ringlet.init(rank=rank, world_size=world, store=store)
+    at_init = dict(store.counts)
+    t = torch.full((5,), float(rank + 1))
+    ringlet.all_reduce(ringlet.REDUCE_SUM, [t])
+    ringlet.barrier()
+    ringlet.shutdown()
+    return {"ops": sum(v for k, v in at_init.items() if k != "clone"), "counts": at_init,
+            "sum": t.tolist()}
+
+
+@pytest.mark.parametrize("layout", ["4 hosts x 1", "2 hosts x 2", "8 hosts x 1"])
+def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout: str) -> None:
+    hosts, per = (int(w) for w in layout.split(" hosts x "))
+    world = hosts * per
+    env = [{"RINGLET_HOST_ID": f"logical-{r // per}"} for r in range(world)]
+    out = launch(world, counted_init, free_port(), init=False, per_rank_env=env, timeout=240)
+    want = float(world * (world + 1) // 2)
+    for r in range(world):
+        assert out[r]["sum"] == [want] * 5, out[r]
+        # the job's arrival (1), then the world's table: rank 0 sets its own
+        # record, waits, reads all in one multi_get, publishes (4); the others
+        # set, wait, get (3). Two levels add a host group of the same kind.
+        limit = 1 + 4 + (4 if per > 1 else 0)
+        assert out[r]["ops"] <= limit, (r, out[r]["counts"])
+        assert out[r]["counts"].get("check", 0) == 0, out[r]["counts"]  # no polling
