@@ -85,3 +85,15 @@ def test_bench_algorithms_runs_on_one_host() -> None:
               "curves": {"ddp-gloo": [(2.0, 0.5), (4.0, 0.9)], "bytegrad": curve}}
     text = tables(result)
     assert "| bytegrad | 0.950 | 2.00 | 2.00x |" in text, text
+
+
+def test_bench_scale_reports_both_backends() -> None:
+    res = subprocess.run([sys.executable, "-m", "ringlet.bench", "scale", "--ranks", "2",
+                          "--repeat", "1", "--iters", "5"],
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [ln.split("|") for ln in res.stdout.splitlines() if ln.startswith("| 2 |")]
+    assert [r[2].strip() for r in rows] == ["ringlet", "gloo"], res.stdout
+    ours = rows[0]
+    assert float(ours[3]) > 0 and 3 <= int(ours[5]) <= 5, res.stdout  # store operations
+    assert all(float(c) > 0 for r in rows for c in r[7:9]), res.stdout

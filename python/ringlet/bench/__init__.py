@@ -20,7 +20,9 @@ in the same processes, alternating, and prints Markdown tables of medians:
   :mod:`ringlet.bench.netns` makes the hosts);
 * ``algorithms``: what each of Bagua's algorithms buys across such hosts:
   training steps and time to accuracy against torch DDP on gloo and
-  ringlet, fp16 and PowerSGD hooks (needs root).
+  ringlet, fp16 and PowerSGD hooks (needs root);
+* ``scale``: start-up, a new group, sockets, store operations and small
+  all_reduces as the rank count grows, each rank its own logical host, vs gloo.
 
 ``--plot FILE`` (where a benchmark offers it) draws the table as a PNG.
 
@@ -33,4 +35,4 @@ Example:
 """
 
 WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes", "cuda",
-        "hosts", "model", "algorithms")
+        "hosts", "model", "algorithms", "scale")

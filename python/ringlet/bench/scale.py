@@ -1,0 +1,189 @@
+"""What start-up and small collectives cost as the rank count grows, on
+*logical hosts*: ``p`` processes on this machine, each its own host by
+``RINGLET_HOST_ID`` (so ringlet connects them over loopback TCP, as it would
+across real hosts), against gloo in a launch of its own, launches taking turns.
+
+For each rank count and backend one ``torchrun --nproc_per_node p`` launch
+reports, the maximum over ranks:
+
+* ``init``: from ``init_process_group`` to the first ``all_reduce`` done (the
+  job's start-up as its training loop sees it; gloo connects its full mesh
+  inside ``init_process_group``, or, with ``TORCH_GLOO_LAZY_INIT=1``, on each
+  pair's first use);
+* ``new_group``: a group of every rank, to its first ``all_reduce`` done;
+* ``store ops``: the store operations ringlet made to connect the world (a
+  counting wrapper around the default group's store: ringlet's own
+  connection; torch's rendezvous is the same for every backend);
+* ``sockets``: TCP sockets the process holds after the collectives;
+* ``4 KiB`` / ``1 MiB``: median all_reduce, blocks of back-to-back calls
+  after a barrier, slowest rank.
+
+Example:
+  python -m ringlet.bench scale --ranks 4,16
+  python -m ringlet.bench scale --ranks 16 --repeat 3 --gloo-lazy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIZES = (4 << 10, 1 << 20)
+
+
+def _sockets() -> int:
+    """TCP sockets this process holds (listening ones included)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    tcp = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                tcp.update(line.split()[9] for line in f)
+        except OSError:
+            pass
+    return len(inodes & tcp)
+
+
+def worker(out: str, backend: str, iters: int) -> None:
+    """One rank of a launch: times start-up, a new group and the all_reduces,
+    and appends its numbers to ``out`` (JSON lines)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    os.environ["RINGLET_HOST_ID"] = f"logical-{rank}"
+    from ringlet import runtime
+
+    ops: dict[str, int] = {}
+    if backend == "ringlet":
+        real = runtime._exchange
+
+        def counting(store: Any, *a: Any, **k: Any) -> Any:
+            class Counted:
+                def __init__(self, s: Any) -> None:
+                    self._s = s
+
+                def clone(self) -> Any:
+                    return Counted(self._s.clone())
+
+                def __getattr__(self, name: str) -> Any:
+                    f = getattr(self._s, name)
+
+                    def call(*args: Any, **kw: Any) -> Any:
+                        ops[name] = ops.get(name, 0) + 1
+                        return f(*args, **kw)
+
+                    return call
+
+            return real(Counted(store), *a, **k)
+
+        runtime._exchange = counting  # type: ignore[assignment]
+    t = torch.ones(1024)
+    t0 = time.perf_counter()
+    dist.init_process_group(backend)
+    dist.all_reduce(t)
+    init_s = time.perf_counter() - t0
+    world_ops = sum(ops.values())
+    t0 = time.perf_counter()
+    g = dist.new_group(backend=backend)
+    dist.all_reduce(t, group=g)
+    group_s = time.perf_counter() - t0
+    times = {}
+    for size in SIZES:
+        x = torch.ones(size // 4)
+        dist.all_reduce(x)
+        reps = max(2, iters * 4096 // size)
+        samples = []
+        for _ in range(15):
+            dist.barrier()
+            a = time.perf_counter()
+            for _ in range(reps):
+                dist.all_reduce(x)
+            samples.append((time.perf_counter() - a) / reps)
+        times[size] = statistics.median(samples)
+    row = {"rank": rank, "init_s": init_s, "group_s": group_s, "store_ops": world_ops,
+           "sockets": _sockets(), **{f"us_{s}": v * 1e6 for s, v in times.items()}}
+    dist.destroy_process_group()
+    with open(out, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def launch(p: int, backend: str, iters: int, env: dict[str, str], timeout: float
+           ) -> dict[str, float]:
+    """One launch of ``p`` ranks; the maximum over ranks of each number."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "rows.jsonl"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={p}",
+               "--master-port", str(_free_port()), "-m", "ringlet.bench.scale",
+               "--worker", str(out), backend, str(iters)]
+        subprocess.run(cmd, check=True, timeout=timeout, env={**os.environ, **env},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+    if len(rows) != p:
+        raise RuntimeError(f"{len(rows)} of {p} ranks reported")
+    return {k: max(r[k] for r in rows) for k in rows[0] if k != "rank"}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    """Entry point of ``python -m ringlet.bench scale``."""
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", default="4,16", help="rank counts, comma list")
+    p.add_argument("--repeat", type=int, default=2, help="launches per backend and count")
+    p.add_argument("--iters", type=int, default=200, help="4 KiB calls per sample")
+    p.add_argument("--gloo-lazy", action="store_true",
+                   help="also gloo with TORCH_GLOO_LAZY_INIT=1")
+    p.add_argument("--timeout", type=float, default=600)
+    args = p.parse_args()
+    ways = [("ringlet", "ringlet", {}), ("gloo", "gloo", {})]
+    if args.gloo_lazy:
+        ways.append(("gloo lazy", "gloo", {"TORCH_GLOO_LAZY_INIT": "1"}))
+    print("| ranks | backend | init s | new_group s | store ops | sockets | 4 KiB µs | "
+          "1 MiB µs |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for n in (int(x) for x in args.ranks.split(",")):
+        got: dict[str, list[dict[str, float]]] = {w[0]: [] for w in ways}
+        for _ in range(args.repeat):
+            for label, backend, env in ways:
+                got[label].append(launch(n, backend, args.iters, env, args.timeout))
+        for label, _, _ in ways:
+            runs = got[label]
+
+            def med(k: str, runs: list[dict[str, float]] = runs) -> float:
+                return statistics.median(r[k] for r in runs)
+
+            ops = f"{med('store_ops'):.0f}" if label == "ringlet" else "-"
+            print(f"| {n} | {label} | {med('init_s'):.3f} | {med('group_s'):.3f} | {ops} | "
+                  f"{med('sockets'):.0f} | {med('us_4096'):.1f} | {med('us_1048576'):.1f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
