@@ -49,8 +49,8 @@ pub fn reduce_inplace(dtype: DType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]
     match dtype {
         DType::F32 => float_inplace::<f32>(op, dst, srcs),
         DType::F64 => float_inplace::<f64>(op, dst, srcs),
-        DType::F16 => half_inplace::<f16>(op, dst, srcs),
-        DType::BF16 => half_inplace::<bf16>(op, dst, srcs),
+        DType::F16 => half_reduce::<f16>(op, dst, None, srcs),
+        DType::BF16 => half_reduce::<bf16>(op, dst, None, srcs),
         DType::I8 => int_inplace::<i8>(op, dst, srcs),
         DType::U8 => int_inplace::<u8>(op, dst, srcs),
         DType::I16 => int_inplace::<i16>(op, dst, srcs),
@@ -67,6 +67,17 @@ pub fn reduce_into(dtype: DType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -
         .ok_or_else(|| Error::InvalidArgument("reduce_into needs at least one source".into()))?;
     check_lengths(dst.len(), srcs)?;
     op.check(dtype)?;
+    // float16/bfloat16: every source in one pass, the float32 accumulator
+    // starting from `s0` widened, which is what copying `s0` and folding the
+    // rest in place computes (the same bits widened, the same operations in
+    // the same order, one rounding), without writing `dst` and reading it
+    // back. (A lone source, too: the in-place fold of no sources rounded the
+    // copy again, quieting signalling NaNs, as this does.)
+    match dtype {
+        DType::F16 => return half_reduce::<f16>(op, dst, Some(first), rest),
+        DType::BF16 => return half_reduce::<bf16>(op, dst, Some(first), rest),
+        _ => {}
+    }
     // The first two sources in one pass (`dst = s0 ⊕ s1`: read each once, write
     // `dst` once, instead of copying `s0` and reading it back), the rest in place.
     if let Some((second, more)) = rest.split_first() {
@@ -78,6 +89,7 @@ pub fn reduce_into(dtype: DType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -
             DType::I16 => int_pair::<i16>(op, dst, first, second)?,
             DType::I32 => int_pair::<i32>(op, dst, first, second)?,
             DType::I64 => int_pair::<i64>(op, dst, first, second)?,
+            // (float16/bfloat16 took the whole-reduction path above.)
             DType::F16 | DType::BF16 | DType::Bool => false,
         };
         if fused {
@@ -184,8 +196,14 @@ trait Half: Pod {
     fn widen(src: &[Self], dst: &mut [f32]);
     /// Narrows `min(src.len(), dst.len())` elements, round to nearest even.
     fn narrow(src: &[f32], dst: &mut [Self]);
-    /// `dst = dst op srcs[0] op srcs[1] ...` in float32, rounded once.
-    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy);
+    /// `dst = start op srcs[0] op srcs[1] ...` in float32, rounded once, with
+    /// `start` = `first` when given, else `dst` itself.
+    fn reduce(
+        dst: &mut [Self],
+        first: Option<&[Self]>,
+        srcs: &[&[Self]],
+        op: impl Fn(f32, f32) -> f32 + Copy,
+    );
 }
 impl Half for f16 {
     fn widen(src: &[Self], dst: &mut [f32]) {
@@ -194,8 +212,13 @@ impl Half for f16 {
     fn narrow(src: &[f32], dst: &mut [Self]) {
         half_simd::narrow_f16(src, dst)
     }
-    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy) {
-        half_simd::reduce_f16(dst, srcs, op)
+    fn reduce(
+        dst: &mut [Self],
+        first: Option<&[Self]>,
+        srcs: &[&[Self]],
+        op: impl Fn(f32, f32) -> f32 + Copy,
+    ) {
+        half_simd::reduce_f16(dst, first, srcs, op)
     }
 }
 impl Half for bf16 {
@@ -205,22 +228,34 @@ impl Half for bf16 {
     fn narrow(src: &[f32], dst: &mut [Self]) {
         half_simd::narrow_bf16(src, dst)
     }
-    fn reduce(dst: &mut [Self], srcs: &[&[Self]], op: impl Fn(f32, f32) -> f32 + Copy) {
-        half_simd::reduce_bf16(dst, srcs, op)
+    fn reduce(
+        dst: &mut [Self],
+        first: Option<&[Self]>,
+        srcs: &[&[Self]],
+        op: impl Fn(f32, f32) -> f32 + Copy,
+    ) {
+        half_simd::reduce_bf16(dst, first, srcs, op)
     }
 }
 
-/// Widens each group of 8 elements of the destination and of every source to
-/// float32 in registers, folds them with the float32 kernel's lane operations
-/// in source order and rounds once (see `half_simd`).
-fn half_inplace<H: Half>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Result<()> {
+/// Widens each group of 8 elements of the start (the destination, or `first`
+/// for `reduce_into`) and of every source to float32 in registers, folds them
+/// with the float32 kernel's lane operations in source order and rounds once
+/// (see `half_simd`).
+fn half_reduce<H: Half>(
+    op: ReduceOp,
+    dst: &mut [u8],
+    first: Option<&[u8]>,
+    srcs: &[&[u8]],
+) -> Result<()> {
     let d = cast_mut::<H>(dst)?;
+    let f = first.map(cast::<H>).transpose()?;
     let s: Vec<&[H]> = srcs.iter().map(|s| cast::<H>(s)).collect::<Result<_>>()?;
     match op {
-        ReduceOp::Sum => H::reduce(d, &s, |a, b| a + b),
-        ReduceOp::Mul => H::reduce(d, &s, |a, b| a * b),
-        ReduceOp::Min => H::reduce(d, &s, fmin::<f32>),
-        ReduceOp::Max => H::reduce(d, &s, fmax::<f32>),
+        ReduceOp::Sum => H::reduce(d, f, &s, |a, b| a + b),
+        ReduceOp::Mul => H::reduce(d, f, &s, |a, b| a * b),
+        ReduceOp::Min => H::reduce(d, f, &s, fmin::<f32>),
+        ReduceOp::Max => H::reduce(d, f, &s, fmax::<f32>),
         // Rejected by ReduceOp::check before dispatch.
         ReduceOp::And | ReduceOp::Or | ReduceOp::Xor => {}
     }
@@ -562,7 +597,7 @@ mod tests {
                         .unwrap();
                     for (name, kernel) in &f.kernels {
                         let mut variant = dst0.clone();
-                        kernel(op, &mut variant, &src_refs);
+                        kernel(op, &mut variant, None, &src_refs);
                         for i in 0..n {
                             let mut inputs = vec![dst0[i]];
                             inputs.extend(srcs.iter().map(|s| s[i]));
@@ -624,6 +659,116 @@ mod tests {
             kernels: half_simd::kernels_f16(),
         });
         check_half_against_scalar(Format {
+            dtype: DType::BF16,
+            from_bits: bf16::from_bits,
+            widen: bf16::to_f32,
+            narrow: bf16::from_f32,
+            kernels: half_simd::kernels_bf16(),
+        });
+    }
+
+    /// `reduce_into`'s float16/bfloat16 path (every source in one pass, the
+    /// accumulator starting from the first source) against what it replaced:
+    /// copy the first source into the destination, fold the rest in place.
+    /// Bits must be equal everywhere, NaN payloads included, for every kernel
+    /// variant this CPU runs and through the dispatch; lengths cover the
+    /// vector bodies, their 4-group unrolling, the 1024-element blocks and
+    /// odd tails, at offsets that misalign the groups; 1-6 sources cover the
+    /// lone source (whose copy was rounded again in place), the register
+    /// folds (1-3 further sources) and the blocked one (4+).
+    fn check_half_into_matches_copy_then_inplace<H: Pod>(f: Format<H>) {
+        let dtype = f.dtype;
+        let ops = [ReduceOp::Sum, ReduceOp::Mul, ReduceOp::Min, ReduceOp::Max];
+        let sources: Vec<Vec<H>> = (0..6)
+            .map(|k| {
+                half_inputs(4200, 31 + k)
+                    .into_iter()
+                    .map(f.from_bits)
+                    .collect()
+            })
+            .collect();
+        // A destination full of NaNs: the fused path must never read it.
+        let garbage = (f.from_bits)(0x7e55);
+        let lens = [
+            0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 159, 1023, 1024,
+            1025, 2049, 4099,
+        ];
+        for nsrc in 1..=6 {
+            for &n in &lens {
+                for off in [0, 1, 3] {
+                    let srcs: Vec<&[H]> =
+                        sources[..nsrc].iter().map(|s| &s[off..off + n]).collect();
+                    let src_bytes: Vec<&[u8]> =
+                        srcs.iter().map(|s| bytemuck::cast_slice(s)).collect();
+                    for op in ops {
+                        let what = format!("{dtype:?} {op:?} n={n} off={off} sources={nsrc}");
+                        let mut want = srcs[0].to_vec();
+                        reduce_inplace(
+                            dtype,
+                            op,
+                            bytemuck::cast_slice_mut(&mut want),
+                            &src_bytes[1..],
+                        )
+                        .unwrap();
+                        let mut got = vec![garbage; n];
+                        reduce_into(dtype, op, bytemuck::cast_slice_mut(&mut got), &src_bytes)
+                            .unwrap();
+                        let bits = |v: &[H]| v.iter().map(|h| f.bits(*h)).collect::<Vec<u16>>();
+                        assert_eq!(bits(&got), bits(&want), "dispatched {what}");
+                        for (name, kernel) in &f.kernels {
+                            let mut want = srcs[0].to_vec();
+                            kernel(op, &mut want, None, &srcs[1..]);
+                            let mut got = vec![garbage; n];
+                            kernel(op, &mut got, Some(srcs[0]), &srcs[1..]);
+                            assert_eq!(bits(&got), bits(&want), "{name} {what}");
+                        }
+                    }
+                }
+            }
+        }
+        // Special values meeting each other in every order, with the first
+        // source among them: NaNs (quiet and signalling, both signs, payloads),
+        // infinities, signed zeros, subnormals, the largest finite values.
+        let special: Vec<H> = [
+            0x0000u16, 0x8000, 0x0001, 0x8001, 0x03ff, 0x7bff, 0xfbff, 0x7c00, 0xfc00, 0x7c01,
+            0x7e00, 0xfe01, 0x7f80, 0xff80, 0x7f81, 0x7fc1, 0x3c00, 0xbc00,
+        ]
+        .into_iter()
+        .map(f.from_bits)
+        .collect();
+        let k = special.len();
+        // Every ordered triple, laid out as three sources of k^3 elements.
+        let cols: Vec<Vec<H>> = (0..3)
+            .map(|c| (0..k * k * k).map(|i| special[i / k.pow(c) % k]).collect())
+            .collect();
+        // (One source: the copy was rounded again in place, which quiets a
+        // signalling NaN; the fused path does the same.)
+        for nsrc in [1, 2, 3] {
+            let srcs: Vec<&[u8]> = cols[..nsrc]
+                .iter()
+                .map(|c| bytemuck::cast_slice(c))
+                .collect();
+            for op in ops {
+                let mut want = srcs[0].to_vec();
+                reduce_inplace(dtype, op, &mut want, &srcs[1..]).unwrap();
+                let mut got = vec![0xffu8; want.len()];
+                reduce_into(dtype, op, &mut got, &srcs).unwrap();
+                let bad = got.chunks(2).zip(want.chunks(2)).position(|(g, w)| g != w);
+                assert_eq!(bad, None, "special values {dtype:?} {op:?} sources={nsrc}");
+            }
+        }
+    }
+
+    #[test]
+    fn half_reduce_into_matches_copy_then_inplace_bit_for_bit() {
+        check_half_into_matches_copy_then_inplace(Format {
+            dtype: DType::F16,
+            from_bits: f16::from_bits,
+            widen: f16::to_f32,
+            narrow: f16::from_f32,
+            kernels: half_simd::kernels_f16(),
+        });
+        check_half_into_matches_copy_then_inplace(Format {
             dtype: DType::BF16,
             from_bits: bf16::from_bits,
             widen: bf16::to_f32,

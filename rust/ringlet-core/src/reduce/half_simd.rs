@@ -13,6 +13,15 @@
 //! and written once and nothing goes through a scratch buffer (beyond three
 //! sources, through a 4 KiB accumulator in L1).
 //!
+//! The same fold also computes `dst = first ⊕ srcs[0] ⊕ ...` (`reduce_into`):
+//! each accumulator then starts from `first`'s group widened instead of the
+//! destination's, and the destination is only written. That is exactly what
+//! copying `first` into the destination and folding in place computes (the
+//! same widening of the same bits, then the same operations in the same
+//! order), without writing the destination and reading it back: three
+//! passes over memory instead of five for two sources (the float32 and
+//! integer kernels have the same fused first pair).
+//!
 //! Variants, chosen at run time (`is_x86_feature_detected!`), same results:
 //! * AVX-512F: float16 with `vcvtph2ps`/`vcvtps2ph` on 16 lanes; bfloat16 as
 //!   integer shifts and the rounding bias, 32 elements per 64-byte load.
@@ -38,25 +47,33 @@ type Wide = [f32; LANES];
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 type Narrow = [u16; LANES];
 
-/// `dst = dst ⊕ srcs[0] ⊕ srcs[1] ⊕ ...` over float16, in float32, with `op`
-/// one of the float lane operations (`a + b`, `a * b`, min, max). Every
-/// source must be at least as long as `dst`.
+/// `dst = start ⊕ srcs[0] ⊕ srcs[1] ⊕ ...` over float16, in float32, with
+/// `op` one of the float lane operations (`a + b`, `a * b`, min, max) and
+/// `start` the destination itself (`first` = `None`, in place) or `first`
+/// (the destination is then only written). Every source, `first` included,
+/// must be at least as long as `dst`.
 #[inline(always)]
-pub(crate) fn reduce_f16(dst: &mut [f16], srcs: &[&[f16]], op: impl Fn(f32, f32) -> f32 + Copy) {
+pub(crate) fn reduce_f16(
+    dst: &mut [f16],
+    first: Option<&[f16]>,
+    srcs: &[&[f16]],
+    op: impl Fn(f32, f32) -> f32 + Copy,
+) {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx512() {
         // SAFETY: `has_avx512` checked that this CPU has AVX-512F, AVX2 and
         // F16C, the features `x86::reduce_f16_avx512` is compiled for.
-        return unsafe { x86::reduce_f16_avx512(dst, srcs, op) };
+        return unsafe { x86::reduce_f16_avx512(dst, first, srcs, op) };
     }
     #[cfg(target_arch = "x86_64")]
     if x86::has_f16c() {
         // SAFETY: `has_f16c` checked that this CPU has AVX2 and F16C, the
         // features `x86::reduce_f16` is compiled for.
-        return unsafe { x86::reduce_f16(dst, srcs, op) };
+        return unsafe { x86::reduce_f16(dst, first, srcs, op) };
     }
     portable::fold(
         dst,
+        first,
         srcs,
         op,
         portable::f16_to_f32_bits,
@@ -66,21 +83,27 @@ pub(crate) fn reduce_f16(dst: &mut [f16], srcs: &[&[f16]], op: impl Fn(f32, f32)
 
 /// As [`reduce_f16`], over bfloat16.
 #[inline(always)]
-pub(crate) fn reduce_bf16(dst: &mut [bf16], srcs: &[&[bf16]], op: impl Fn(f32, f32) -> f32 + Copy) {
+pub(crate) fn reduce_bf16(
+    dst: &mut [bf16],
+    first: Option<&[bf16]>,
+    srcs: &[&[bf16]],
+    op: impl Fn(f32, f32) -> f32 + Copy,
+) {
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx512() {
         // SAFETY: `has_avx512` checked that this CPU has AVX-512F and AVX2,
         // the features `x86::reduce_bf16_avx512` is compiled for.
-        return unsafe { x86::reduce_bf16_avx512(dst, srcs, op) };
+        return unsafe { x86::reduce_bf16_avx512(dst, first, srcs, op) };
     }
     #[cfg(target_arch = "x86_64")]
     if x86::has_avx2() {
         // SAFETY: `has_avx2` checked that this CPU has AVX2, the feature
         // `x86::reduce_bf16` is compiled for.
-        return unsafe { x86::reduce_bf16(dst, srcs, op) };
+        return unsafe { x86::reduce_bf16(dst, first, srcs, op) };
     }
     portable::fold(
         dst,
+        first,
         srcs,
         op,
         portable::bf16_to_f32_bits,
@@ -147,14 +170,18 @@ fn pad<T: Copy + Default, const L: usize>(tail: &[T]) -> [T; L] {
 /// float32), given the group conversions. Inlined into each caller, so it is
 /// compiled for that caller's target features.
 ///
-/// Up to three sources are folded in registers (one read of every input, one
-/// write of the destination); more go through a 4 KiB float32 accumulator in
-/// L1, one source at a time. Either way each element sees the same operations
-/// in the same order: `((d op s0) op s1) op ...`, then one rounding.
+/// Each accumulator starts from the destination's group widened (`first` =
+/// `None`, in place) or from `first`'s (`reduce_into`: the destination is
+/// then never read). Up to three further sources are folded in registers
+/// (one read of every input, one write of the destination); more go through
+/// a 4 KiB float32 accumulator in L1, one source at a time. Either way each
+/// element sees the same operations in the same order: `((start op s0) op
+/// s1) op ...`, then one rounding.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
 pub(crate) fn fold<H: bytemuck::Pod, const L: usize>(
     dst: &mut [H],
+    first: Option<&[H]>,
     srcs: &[&[H]],
     op: impl Fn(f32, f32) -> f32 + Copy,
     widen: impl Fn([u16; L]) -> [f32; L] + Copy,
@@ -168,18 +195,56 @@ pub(crate) fn fold<H: bytemuck::Pod, const L: usize>(
     let whole = n / L * L;
     let (body, tail) = dst.split_at_mut(whole);
     let body: &mut [[u16; L]] = bytemuck::cast_slice_mut(body);
+    // Two copies of the loops, so the choice of start is made once, here,
+    // not per group.
+    match first {
+        None => fold_body::<false, H, L>(body, &[], srcs, op, widen, narrow),
+        Some(f) => fold_body::<true, H, L>(body, groups(f, whole), srcs, op, widen, narrow),
+    }
+    if !tail.is_empty() {
+        let start: &[u16] = match first {
+            Some(f) => bytemuck::cast_slice(&f[whole..n]),
+            None => tail,
+        };
+        let mut acc = widen(pad(start));
+        for s in srcs {
+            let s: &[u16] = bytemuck::cast_slice(&s[whole..n]);
+            apply(&mut acc, widen(pad(s)), op);
+        }
+        tail.copy_from_slice(&narrow(acc)[..n - whole]);
+    }
+}
+
+/// [`fold`] over the whole groups, `first` (when `INTO`) and every source
+/// at least as long as `body`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[inline(always)]
+fn fold_body<const INTO: bool, H: bytemuck::Pod, const L: usize>(
+    body: &mut [[u16; L]],
+    first: &[[u16; L]],
+    srcs: &[&[H]],
+    op: impl Fn(f32, f32) -> f32 + Copy,
+    widen: impl Fn([u16; L]) -> [f32; L] + Copy,
+    narrow: impl Fn([f32; L]) -> [u16; L] + Copy,
+) where
+    [u16; L]: bytemuck::Pod,
+    [f32; L]: bytemuck::Pod,
+{
+    let whole = body.len() * L;
     match srcs {
-        [] => fold_fused(body, [], op, widen, narrow),
-        [a] => fold_fused(body, [groups(a, whole)], op, widen, narrow),
-        [a, b] => fold_fused(
+        [] => fold_fused::<INTO, 0, L>(body, first, [], op, widen, narrow),
+        [a] => fold_fused::<INTO, 1, L>(body, first, [groups(a, whole)], op, widen, narrow),
+        [a, b] => fold_fused::<INTO, 2, L>(
             body,
+            first,
             [groups(a, whole), groups(b, whole)],
             op,
             widen,
             narrow,
         ),
-        [a, b, c] => fold_fused(
+        [a, b, c] => fold_fused::<INTO, 3, L>(
             body,
+            first,
             [groups(a, whole), groups(b, whole), groups(c, whole)],
             op,
             widen,
@@ -187,16 +252,8 @@ pub(crate) fn fold<H: bytemuck::Pod, const L: usize>(
         ),
         many => {
             let all: Vec<&[[u16; L]]> = many.iter().map(|s| groups(s, whole)).collect();
-            fold_blocked(body, &all, op, widen, narrow)
+            fold_blocked(body, INTO.then_some(first), &all, op, widen, narrow)
         }
-    }
-    if !tail.is_empty() {
-        let mut acc = widen(pad(tail));
-        for s in srcs {
-            let s: &[u16] = bytemuck::cast_slice(&s[whole..n]);
-            apply(&mut acc, widen(pad(s)), op);
-        }
-        tail.copy_from_slice(&narrow(acc)[..n - whole]);
     }
 }
 
@@ -218,10 +275,14 @@ fn apply<const L: usize>(acc: &mut [f32; L], b: [f32; L], op: impl Fn(f32, f32) 
     }
 }
 
+/// `K` sources folded in registers, each accumulator starting from `first`'s
+/// group when `INTO` (a constant, so each copy of the loop has one start and
+/// no branch), else from the destination's (and `first` is unused).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
-fn fold_fused<const K: usize, const L: usize>(
+fn fold_fused<const INTO: bool, const K: usize, const L: usize>(
     body: &mut [[u16; L]],
+    first: &[[u16; L]],
     srcs: [&[[u16; L]]; K],
     op: impl Fn(f32, f32) -> f32 + Copy,
     widen: impl Fn([u16; L]) -> [f32; L],
@@ -229,6 +290,7 @@ fn fold_fused<const K: usize, const L: usize>(
 ) {
     // Same lengths as `body`, so the indexing below needs no bounds checks.
     let srcs = srcs.map(|s| &s[..body.len()]);
+    let first = if INTO { &first[..body.len()] } else { first };
     // Four groups per step: independent conversion chains in flight (the
     // conversions, not memory, bound this loop on cached data).
     const U: usize = 4;
@@ -236,7 +298,8 @@ fn fold_fused<const K: usize, const L: usize>(
     let (head, tail) = body.split_at_mut(pairs * U);
     for (j, d) in head.chunks_exact_mut(U).enumerate() {
         let i = U * j;
-        let mut acc: [[f32; L]; U] = std::array::from_fn(|u| widen(d[u]));
+        let mut acc: [[f32; L]; U] =
+            std::array::from_fn(|u| widen(if INTO { first[i + u] } else { d[u] }));
         for s in &srcs {
             for (u, a) in acc.iter_mut().enumerate() {
                 apply(a, widen(s[i + u]), op);
@@ -248,7 +311,7 @@ fn fold_fused<const K: usize, const L: usize>(
     }
     for (k, d) in tail.iter_mut().enumerate() {
         let i = pairs * U + k;
-        let mut acc = widen(*d);
+        let mut acc = widen(if INTO { first[i] } else { *d });
         for s in &srcs {
             apply(&mut acc, widen(s[i]), op);
         }
@@ -260,6 +323,7 @@ fn fold_fused<const K: usize, const L: usize>(
 #[inline(always)]
 fn fold_blocked<const L: usize>(
     body: &mut [[u16; L]],
+    first: Option<&[[u16; L]]>,
     srcs: &[&[[u16; L]]],
     op: impl Fn(f32, f32) -> f32 + Copy,
     widen: impl Fn([u16; L]) -> [f32; L] + Copy,
@@ -274,8 +338,12 @@ fn fold_blocked<const L: usize>(
     for (b, d) in body.chunks_mut(per_block).enumerate() {
         let start = b * per_block;
         let acc = &mut acc[..d.len()];
-        for (a, d) in acc.iter_mut().zip(d.iter()) {
-            *a = widen(*d);
+        let init: &[[u16; L]] = match first {
+            Some(f) => &f[start..start + d.len()],
+            None => d,
+        };
+        for (a, h) in acc.iter_mut().zip(init) {
+            *a = widen(*h);
         }
         for s in srcs {
             for (a, s) in acc.iter_mut().zip(&s[start..start + d.len()]) {
@@ -398,12 +466,14 @@ pub(crate) mod portable {
     }
 
     /// The reduction one element at a time through the lane functions, in
-    /// blocks of 1024 (the destination and one source widened into 4 KiB
-    /// float32 buffers in L1): plain loops over slices, which the compiler
-    /// vectorises for whatever the target has.
+    /// blocks of 1024 (the accumulator's start, the destination's or
+    /// `first`'s, and one source widened into 4 KiB float32 buffers in L1):
+    /// plain loops over slices, which the compiler vectorises for whatever
+    /// the target has.
     #[inline(always)]
     pub(crate) fn fold<H: bytemuck::Pod>(
         dst: &mut [H],
+        first: Option<&[H]>,
         srcs: &[&[H]],
         op: impl Fn(f32, f32) -> f32 + Copy,
         widen: impl Fn(u16) -> u32 + Copy,
@@ -416,7 +486,11 @@ pub(crate) mod portable {
         for (b, block) in dst.chunks_mut(BLOCK).enumerate() {
             let (start, n) = (b * BLOCK, block.len());
             let acc = &mut acc[..n];
-            for (a, h) in acc.iter_mut().zip(block.iter()) {
+            let init: &[u16] = match first {
+                Some(f) => bytemuck::cast_slice(&f[start..start + n]),
+                None => block,
+            };
+            for (a, h) in acc.iter_mut().zip(init) {
                 *a = f32::from_bits(widen(*h));
             }
             for s in srcs {
@@ -620,20 +694,30 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx512f,avx2,f16c")]
     pub(crate) fn reduce_f16_avx512(
         dst: &mut [f16],
+        first: Option<&[f16]>,
         srcs: &[&[f16]],
         op: impl Fn(f32, f32) -> f32 + Copy,
     ) {
-        super::fold(dst, srcs, op, |h| widen16_f16(h), |x| narrow16_f16(x))
+        super::fold(
+            dst,
+            first,
+            srcs,
+            op,
+            |h| widen16_f16(h),
+            |x| narrow16_f16(x),
+        )
     }
 
     #[target_feature(enable = "avx512f,avx2")]
     pub(crate) fn reduce_bf16_avx512(
         dst: &mut [bf16],
+        first: Option<&[bf16]>,
         srcs: &[&[bf16]],
         op: impl Fn(f32, f32) -> f32 + Copy,
     ) {
         super::fold(
             dst,
+            first,
             srcs,
             op,
             |h| widen32_bf16_for_fold(h),
@@ -644,20 +728,23 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,f16c")]
     pub(crate) fn reduce_f16(
         dst: &mut [f16],
+        first: Option<&[f16]>,
         srcs: &[&[f16]],
         op: impl Fn(f32, f32) -> f32 + Copy,
     ) {
-        super::fold(dst, srcs, op, |h| widen8_f16(h), |x| narrow8_f16(x))
+        super::fold(dst, first, srcs, op, |h| widen8_f16(h), |x| narrow8_f16(x))
     }
 
     #[target_feature(enable = "avx2")]
     pub(crate) fn reduce_bf16(
         dst: &mut [bf16],
+        first: Option<&[bf16]>,
         srcs: &[&[bf16]],
         op: impl Fn(f32, f32) -> f32 + Copy,
     ) {
         super::fold(
             dst,
+            first,
             srcs,
             op,
             |h| widen8_bf16_for_fold(h),
@@ -686,9 +773,12 @@ pub(crate) mod x86 {
     }
 }
 
-/// A reduction kernel under test: `(name, run(op, dst, srcs))`.
+/// A reduction kernel under test: `(name, run(op, dst, first, srcs))`.
 #[cfg(test)]
-pub(crate) type Kernel<H> = (&'static str, fn(crate::dtype::ReduceOp, &mut [H], &[&[H]]));
+pub(crate) type Kernel<H> = (
+    &'static str,
+    fn(crate::dtype::ReduceOp, &mut [H], Option<&[H]>, &[&[H]]),
+);
 
 /// Runs `$body` with `$f` bound to the lane operation of `$op`.
 #[cfg(test)]
@@ -723,7 +813,7 @@ pub(crate) fn kernels_f16() -> Vec<Kernel<f16>> {
     #[allow(unused_mut)]
     let mut v: Vec<Kernel<f16>> = vec![(
         "portable",
-        |op, d, s| with_op!(op, f => portable::fold(d, s, f, portable::f16_to_f32_bits, portable::f32_to_f16_bits)),
+        |op, d, first, s| with_op!(op, f => portable::fold(d, first, s, f, portable::f16_to_f32_bits, portable::f32_to_f16_bits)),
     )];
     #[cfg(target_arch = "x86_64")]
     {
@@ -731,14 +821,14 @@ pub(crate) fn kernels_f16() -> Vec<Kernel<f16>> {
             // SAFETY: AVX2 and F16C were just detected.
             v.push((
                 "avx2",
-                |op, d, s| with_op!(op, f => unsafe { x86::reduce_f16(d, s, f) }),
+                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_f16(d, first, s, f) }),
             ));
         }
         if x86::has_avx512() {
             // SAFETY: AVX-512F, AVX2 and F16C were just detected.
             v.push((
                 "avx512",
-                |op, d, s| with_op!(op, f => unsafe { x86::reduce_f16_avx512(d, s, f) }),
+                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_f16_avx512(d, first, s, f) }),
             ));
         }
     }
@@ -751,7 +841,7 @@ pub(crate) fn kernels_bf16() -> Vec<Kernel<bf16>> {
     #[allow(unused_mut)]
     let mut v: Vec<Kernel<bf16>> = vec![(
         "portable",
-        |op, d, s| with_op!(op, f => portable::fold(d, s, f, portable::bf16_to_f32_bits, portable::f32_to_bf16_bits)),
+        |op, d, first, s| with_op!(op, f => portable::fold(d, first, s, f, portable::bf16_to_f32_bits, portable::f32_to_bf16_bits)),
     )];
     #[cfg(target_arch = "x86_64")]
     {
@@ -759,14 +849,14 @@ pub(crate) fn kernels_bf16() -> Vec<Kernel<bf16>> {
             // SAFETY: AVX2 was just detected.
             v.push((
                 "avx2",
-                |op, d, s| with_op!(op, f => unsafe { x86::reduce_bf16(d, s, f) }),
+                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_bf16(d, first, s, f) }),
             ));
         }
         if x86::has_avx512() {
             // SAFETY: AVX-512F and AVX2 were just detected.
             v.push((
                 "avx512",
-                |op, d, s| with_op!(op, f => unsafe { x86::reduce_bf16_avx512(d, s, f) }),
+                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_bf16_avx512(d, first, s, f) }),
             ));
         }
     }
