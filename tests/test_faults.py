@@ -431,8 +431,8 @@ def _fuzz_listeners(port: int, world: int, gate: object, report: dict[str, int])
         store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30),
                          wait_for_workers=False)
         prefix = f"ringlet/w{world}/g0/world"
-        store.wait([f"{prefix}/peer/{r}" for r in range(world - 1)] + [f"{prefix}/token"])
-        token = int(store.get(f"{prefix}/token"))
+        store.wait([f"{prefix}/peer/{r}" for r in range(world - 1)])
+        token = int(json.loads(store.get(f"{prefix}/peer/0"))["token"])  # rank 0's record
         addrs = [json.loads(store.get(f"{prefix}/peer/{r}"))["addr"] for r in range(world - 1)]
         rng = random.Random(14)
         magic = 0x5249_4E47_4C45_5401

@@ -232,9 +232,12 @@ def _exchange(
     glob = members if members is not None else list(range(group_size))
     mine = glob[group_rank]
     table = f"{key}/table"
-    # Rank 0 sets its record too: it says the group is being connected (a
-    # receive from any source looks for a sender's pair this way).
-    store.set(f"{key}/peer/{group_rank}", json.dumps(me))
+    # Rank 0 sets its record too, with the group's token: it says the group
+    # is being connected (a receive from any source looks for a sender's
+    # pair this way).
+    token = secrets.randbits(63) if group_rank == 0 else 0
+    store.set(f"{key}/peer/{group_rank}",
+              json.dumps({**me, "token": token} if group_rank == 0 else me))
     if group_rank == 0:
         keys = [f"{key}/peer/{r}" for r in range(1, group_size)]
         try:
@@ -245,7 +248,6 @@ def _exchange(
             store.set(table, json.dumps({"missing": late, "why": str(e)}))
             raise _timed_out(mine, glob[late], timeout, key, str(e)) from None
         peers = [me] + [json.loads(v) for v in _get_all(store, keys)]
-        token = secrets.randbits(63)
         store.set(table, json.dumps({"peers": peers, "token": token}))
         return peers, token
     # Longer than rank 0's own wait: its verdict on a missing rank arrives

@@ -157,6 +157,9 @@ impl ShmGroup {
             c.probe_addr
                 .store(&*probe as *const u64 as u64, Ordering::SeqCst);
         }
+        if let Some(seg) = &seg {
+            seg.warm(rank, true); // this rank's slot into its caches
+        }
         // Step 2: everyone reports whether mapping worked; the leader decides.
         let ok = agree_all(rank, size, mesh, seg.is_some(), op, t)?;
         drop(leader_fd); // peers have opened it (or given up): the file can go
@@ -164,6 +167,11 @@ impl ShmGroup {
             (true, Some(seg)) => seg,
             _ => return Ok(None),
         };
+        // Every owner has written its slot (they did before the agreement):
+        // the peers' slots into this core's caches too.
+        for peer in (0..size).filter(|&p| p != rank) {
+            seg.warm(peer, false);
+        }
         // Step 3: probe cross-memory attach against every peer.
         let pids: Vec<u32> = (0..size)
             .map(|r| seg.ctl(r).pid.load(Ordering::SeqCst))
