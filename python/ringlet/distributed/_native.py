@@ -101,11 +101,34 @@ def reason() -> Optional[str]:
     return _failure
 
 
+def _build_directory(name: str) -> Path:
+    """Where ``torch.utils.cpp_extension`` builds extension ``name``: its
+    own rule, written out, because importing that module costs about 0.2 s
+    of every process's start-up (seconds of CPU on a machine running many
+    ranks) just to find a file that is usually there."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        from torch import _appdirs
+
+        base = os.path.realpath(_appdirs.user_cache_dir(appname="torch_extensions"))
+        if torch.version.hip is not None:
+            accel = f"rocm{torch.version.hip.replace('.', '')}"
+        elif torch.version.cuda is not None:
+            accel = f"cu{torch.version.cuda.replace('.', '')}"
+        else:
+            accel = "cpu"
+        py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(base, f"{py}_{accel}")
+    return Path(root) / name
+
+
 def _import_built(name: str) -> Optional[ModuleType]:
     """The cached library, if an earlier process built it."""
-    from torch.utils.cpp_extension import _get_build_directory
+    path = _build_directory(name) / f"{name}.so"
+    if not path.is_file():
+        from torch.utils.cpp_extension import _get_build_directory
 
-    path = Path(_get_build_directory(name, False)) / f"{name}.so"
+        path = Path(_get_build_directory(name, False)) / f"{name}.so"  # torch's own rule
     if not path.is_file():
         return None
     spec = importlib.util.spec_from_file_location(name, path)
