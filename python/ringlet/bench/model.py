@@ -9,17 +9,20 @@ a message takes ``alpha`` seconds from one rank's send to its peer's receive
 each end. Within a host the shared-memory steps copy at ``mem`` bytes/s per
 rank.
 
-ringlet (rust/ringlet-core/src/hierarchy): one descriptor exchange with every
-rank, then pieces of P bytes flow through three stages that overlap: a
-reduce-scatter within the host, the cross-host step (2 hosts: one exchange
-between the owners of each channel; 3 or more: a reduce-scatter and an
-all-gather among them, each one message to every other host; small runs on 8
-or more hosts: recursive doubling, log2 H exchanges), and an all-gather within
-the host. The slowest stage sets the pace; the first piece's reduce-scatter
-and the last piece's all-gather, and one cross step's latency, do not
-overlap::
+ringlet (rust/ringlet-core/src/hierarchy): the agreement check (up to 3 ranks
+one descriptor exchange with every rank; above, a dissemination all-reduce of
+the descriptors' digest bounds, ceil(log2 p) rounds of one message), then
+pieces of P bytes flow through three stages that overlap: a reduce-scatter
+within the host, the cross-host step (2 hosts: one exchange between the owners
+of each channel; 3 or more: a reduce-scatter and an all-gather among them,
+each one message to every other host; small runs on 8 or more hosts: recursive
+doubling, log2 H exchanges), and an all-gather within the host. The slowest
+stage sets the pace; the first piece's reduce-scatter and the last piece's
+all-gather, and one cross step's latency, do not overlap::
 
-    T = alpha + (p - 1) o                          (agreement)
+    T = A(p)                                       (agreement: alpha + (p - 1) o
+                                                    up to 3 ranks, else
+                                                    ceil(log2 p) (alpha + 2 o))
       + 2 (3 P / L) / mem + s alpha                (pipeline fill and drain)
       + max(2 S (H - 1) / H / (eta rate),           (link: the least any
                                                      all-reduce sends per host)
@@ -76,6 +79,15 @@ class Link:
     eta: float = 1448 / 1514
 
 
+
+def agreement(p: int, link: Link) -> float:
+    """Seconds of one collective's agreement check over TCP: up to 3 ranks a
+    descriptor to every peer at once, above a dissemination all-reduce of
+    the digest bounds (ceil(log2 p) rounds, one message each)."""
+    if p <= 3:
+        return link.alpha + (p - 1) * link.o
+    return math.ceil(math.log2(p)) * (link.alpha + 2 * link.o)
+
 def piece_bytes(s: float, hosts: int, per_host: int) -> float:
     """The pipeline's piece size for ``s`` bytes (as the engine picks it).
 
@@ -120,7 +132,7 @@ def two_level(s: float, hosts: int, per_host: int, link: Link) -> float:
         steps, fan = math.ceil(math.log2(hosts)) + 2, 1  # recursive doubling
     else:
         steps, fan = 2, hosts - 1
-    agree = link.alpha + (p - 1) * link.o
+    agree = agreement(p, link)
     fill = 2 * (3 * piece / per_host) / link.mem + steps * link.alpha
     wire = 2 * s * (hosts - 1) / hosts / (link.eta * link.rate)
     messages = pieces * steps * fan * 2 * link.o

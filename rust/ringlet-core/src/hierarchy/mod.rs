@@ -172,7 +172,8 @@ impl Net<'_> {
         Ok(x[needed..].iter().map(Xfer::done).collect())
     }
 
-    /// Every rank checks every rank's descriptor (one exchange over the mesh).
+    /// Every rank checks that every rank called the same collective (the
+    /// mesh's agreement: ⌈log2 p⌉ messages, descriptors only on a mismatch).
     fn agree(&self, desc: &OpDesc) -> Result<()> {
         self.mesh
             .agree(desc, self.timeout)

@@ -26,6 +26,12 @@ const HELLO_PATIENCE: Duration = Duration::from_secs(2);
 const MAX_PENDING_HELLOS: usize = 64;
 const HELLO_BYTES: usize = 24;
 
+/// Largest mesh whose agreement check is a full exchange of descriptors:
+/// there it sends no more messages than the digest all-reduce (p - 1 <=
+/// ⌈log2 p⌉), and on two ranks a peer's next descriptor is the first thing
+/// in its stream (`peek_desc` reads a pending message's from there).
+const FULL_EXCHANGE_UP_TO: usize = 3;
+
 /// An accepted connection whose hello (magic, job token, rank) is being read.
 struct Hello {
     stream: TcpStream,
@@ -194,6 +200,8 @@ pub struct TcpMesh {
     /// Global rank of each group rank (empty: the same numbers). Notices
     /// name global ranks.
     members: Vec<usize>,
+    /// Messages sent by `agree` so far.
+    agree_sent: Cell<u64>,
 }
 
 /// Binds a listening socket on `addr` (port 0 picks a free port).
@@ -308,6 +316,7 @@ impl TcpMesh {
             streams,
             wire,
             members: Vec::new(),
+            agree_sent: Cell::new(0),
         })
     }
 
@@ -809,9 +818,60 @@ impl TcpMesh {
         self.rank
     }
 
-    /// Agreement check: every rank sends its descriptor to every other rank,
-    /// so all ranks see all descriptors and fail together on a mismatch.
+    /// Agreement check: every rank learns whether all ranks called the same
+    /// collective, and all fail together, with the same message, when they
+    /// did not. It is also a barrier: no rank returns before every rank has
+    /// entered it.
+    ///
+    /// Up to `FULL_EXCHANGE_UP_TO` ranks, every rank sends its descriptor to
+    /// every other rank. Above that, the ranks first all-reduce the (min,
+    /// max) of their descriptors' digests by dissemination: in round k each
+    /// rank sends 16 bytes to rank + 2^k and receives from rank - 2^k, so
+    /// after ⌈log2 p⌉ rounds (one message each) every rank holds the same
+    /// global pair. Equal bounds: all agree. Otherwise every rank knows it,
+    /// and all exchange their full descriptors as above, to name the ranks
+    /// that disagree.
     pub fn agree(&self, desc: &OpDesc, timeout: Duration) -> Result<()> {
+        if self.size() > FULL_EXCHANGE_UP_TO {
+            let (lo, hi) = self.digest_bounds(desc, timeout)?;
+            if lo == hi {
+                return Ok(());
+            }
+        }
+        self.exchange_descs(desc, timeout)
+    }
+
+    /// The least and greatest digest of every rank's descriptor, the same
+    /// on every rank: a dissemination all-reduce, one message per round.
+    fn digest_bounds(&self, desc: &OpDesc, timeout: Duration) -> Result<(u64, u64)> {
+        let (p, me) = (self.size(), self.rank);
+        let (mut lo, mut hi) = (desc.digest(), desc.digest());
+        let mut step = 1;
+        while step < p {
+            let mut mine = [0u8; 16];
+            mine[..8].copy_from_slice(&lo.to_le_bytes());
+            mine[8..].copy_from_slice(&hi.to_le_bytes());
+            let mut theirs = [0u8; 16];
+            self.transfer(
+                &mut [
+                    Xfer::send((me + step) % p, &mine),
+                    Xfer::recv((me + p - step) % p, &mut theirs),
+                ],
+                desc.kind.name(),
+                timeout,
+            )?;
+            self.agree_sent.set(self.agree_sent.get() + 1);
+            let word = |i: usize| u64::from_le_bytes(theirs[i..i + 8].try_into().unwrap_or([0; 8]));
+            lo = lo.min(word(0));
+            hi = hi.max(word(8));
+            step *= 2;
+        }
+        Ok((lo, hi))
+    }
+
+    /// Every rank sends its descriptor to every other rank, so all ranks see
+    /// all descriptors and fail together on a mismatch.
+    fn exchange_descs(&self, desc: &OpDesc, timeout: Duration) -> Result<()> {
         let mine: Vec<u8> = desc.encode().iter().flat_map(|w| w.to_le_bytes()).collect();
         let mut theirs = vec![vec![0u8; DESC_WORDS * 8]; self.size()];
         {
@@ -826,6 +886,8 @@ impl TcpMesh {
             }
             self.transfer(&mut x, desc.kind.name(), timeout)?;
         }
+        let sent = self.size().saturating_sub(1) as u64;
+        self.agree_sent.set(self.agree_sent.get() + sent);
         let mut all = Vec::with_capacity(self.size());
         for (peer, buf) in theirs.iter().enumerate() {
             if peer == self.rank {
@@ -835,6 +897,12 @@ impl TcpMesh {
             all.push(self.decode_desc(peer, buf)?);
         }
         check_agreement(self.rank, &all)
+    }
+
+    /// Messages this rank has sent in agreement checks so far (a count for
+    /// tests and benchmarks).
+    pub fn agree_messages(&self) -> u64 {
+        self.agree_sent.get()
     }
 
     /// Shuts every stream down so that peers blocked on us fail fast.
@@ -870,4 +938,150 @@ fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpSt
 
 fn peer_lost(rank: usize, peer: usize, op: &'static str, e: std::io::Error) -> Error {
     Error::lost(rank, peer, op, Cause::Exited, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{DType, ReduceOp};
+    use crate::transport::OpKind;
+
+    /// A full mesh of `p` ranks on loopback, one per thread, each running
+    /// `f(rank, mesh)`; the results in rank order.
+    fn with_meshes<T: Send>(p: usize, f: impl Fn(usize, &TcpMesh) -> T + Sync) -> Vec<T> {
+        let listeners: Vec<TcpListener> = (0..p)
+            .map(|_| listen("127.0.0.1:0").expect("listen"))
+            .collect();
+        let addrs: Vec<String> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("local_addr").to_string())
+            .collect();
+        let token = 0xa9ee_u64 ^ std::process::id() as u64;
+        let f = &f;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = listeners
+                .iter()
+                .enumerate()
+                .map(|(rank, l)| {
+                    let addrs = &addrs;
+                    s.spawn(move || {
+                        let mesh = TcpMesh::connect(rank, addrs, l, token, Duration::from_secs(20))
+                            .expect("connect");
+                        f(rank, &mesh)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread panicked"))
+                .collect()
+        })
+    }
+
+    fn call(seq: u64) -> OpDesc {
+        OpDesc {
+            seq,
+            kind: OpKind::AllReduce,
+            dtype: DType::F32,
+            op: Some(ReduceOp::Sum),
+            count: 1024,
+            root: 0,
+            addr: 0,
+        }
+    }
+
+    fn log2_ceil(p: usize) -> u64 {
+        u64::from(usize::BITS - (p - 1).leading_zeros())
+    }
+
+    #[test]
+    fn agreement_takes_log_p_messages_and_names_who_disagrees() {
+        let timeout = Duration::from_secs(20);
+        for p in (2..=9).chain([16]) {
+            // the descriptors of three calls: all agree; rank p-1 disagrees;
+            // ranks 1 and p-1 disagree (in two ways); then all agree again
+            let calls = |rank: usize| -> Vec<OpDesc> {
+                let odd = |d: OpDesc, who: &[usize], how: OpDesc| {
+                    if who.contains(&rank) {
+                        how
+                    } else {
+                        d
+                    }
+                };
+                vec![
+                    // only the address (each rank's own) differs
+                    OpDesc {
+                        addr: 0x1000 * rank as u64,
+                        ..call(1)
+                    },
+                    odd(
+                        call(2),
+                        &[p - 1],
+                        OpDesc {
+                            count: 7,
+                            ..call(2)
+                        },
+                    ),
+                    odd(
+                        odd(
+                            call(3),
+                            &[1],
+                            OpDesc {
+                                dtype: DType::BF16,
+                                ..call(3)
+                            },
+                        ),
+                        &[p - 1],
+                        OpDesc {
+                            kind: OpKind::Broadcast,
+                            op: None,
+                            ..call(3)
+                        },
+                    ),
+                    call(4),
+                ]
+            };
+            let out = with_meshes(p, |rank, mesh| {
+                let mut results = Vec::new();
+                let mut sent = Vec::new();
+                for d in calls(rank) {
+                    let before = mesh.agree_messages();
+                    results.push(mesh.agree(&d, timeout));
+                    sent.push(mesh.agree_messages() - before);
+                }
+                (results, sent)
+            });
+            for (rank, (results, sent)) in out.iter().enumerate() {
+                for (i, r) in results.iter().enumerate() {
+                    // what the full exchange of descriptors raises
+                    let all: Vec<OpDesc> = (0..p).map(|q| calls(q)[i]).collect();
+                    let want = check_agreement(rank, &all);
+                    assert_eq!(*r, want, "p={p} rank {rank} call {i}");
+                }
+                assert!(results[0].is_ok() && results[3].is_ok(), "p={p}");
+                for (i, r) in results.iter().enumerate().skip(1).take(2) {
+                    let Err(Error::Mismatch { detail, .. }) = r else {
+                        panic!("p={p} rank {rank} call {i}: {r:?}");
+                    };
+                    assert!(
+                        detail.contains(&format!("rank {} called", p - 1)),
+                        "{detail}"
+                    );
+                }
+                // agreeing calls: at most ⌈log2 p⌉ + 1 messages each
+                for i in [0, 3] {
+                    assert!(
+                        sent[i] <= log2_ceil(p) + 1,
+                        "p={p} rank {rank}: {} messages",
+                        sent[i]
+                    );
+                }
+                if p > FULL_EXCHANGE_UP_TO {
+                    assert_eq!(sent[0], log2_ceil(p), "p={p}");
+                    // a mismatch then takes the full exchange, to name the ranks
+                    assert_eq!(sent[1], log2_ceil(p) + p as u64 - 1, "p={p}");
+                }
+            }
+        }
+    }
 }
