@@ -5,7 +5,6 @@ small constant, whatever the world size, over logical hosts
 
 from __future__ import annotations
 
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -15,27 +14,11 @@ import torch
 from conftest import free_port, launch
 
 
-class CountingStore:
-    """Forwards to a torch store and counts each call by method."""
-
-    def __init__(self, store: Any, counts: Counter | None = None) -> None:
-        self._store, self.counts = store, counts if counts is not None else Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._store, name)
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.counts[name] += 1
-            return method(*args, **kwargs)
-
-        return counted
-
-
-
 def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
     from torch.distributed import TCPStore
 
     import ringlet
+    from ringlet.bench.scale import CountingStore, store_ops
 
     real = TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60),
                     wait_for_workers=False)
@@ -60,7 +43,7 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
         ringlet.all_reduce(ringlet.REDUCE_SUM, [u])  # the communicator still works
         assert u.tolist() == [float(world)] * 2
     ringlet.shutdown()
-    return {"ops": sum(v for k, v in at_init.items() if k != "check"), "counts": at_init,
+    return {"ops": store_ops(at_init), "counts": at_init,
             "sum": t.tolist(), "mismatch": mismatch, "peers": peers}
 
 

@@ -34,8 +34,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .soak import _free_port
 
 SIZES = (4 << 10, 1 << 20)
 
@@ -61,6 +65,30 @@ def _sockets() -> int:
     return len(inodes & tcp)
 
 
+class CountingStore:
+    """Forwards to a torch store and counts each call by method: what
+    ringlet's address exchange asks of the store."""
+
+    def __init__(self, store: Any, counts: Counter[str] | None = None) -> None:
+        self._store, self.counts = store, counts if counts is not None else Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def store_ops(counts: Mapping[str, int]) -> int:
+    """Store operations among ``counts``, not counting the polls of
+    ``check`` while a rank waits (one round trip each, whatever the rank
+    count)."""
+    return sum(v for k, v in counts.items() if k != "check")
+
+
 def worker(out: str, backend: str, iters: int) -> None:
     """One rank of a launch: times start-up, a new group and the all_reduces,
     and appends its numbers to ``out`` (JSON lines)."""
@@ -72,28 +100,12 @@ def worker(out: str, backend: str, iters: int) -> None:
     os.environ["RINGLET_HOST_ID"] = f"logical-{rank}"
     from ringlet import runtime
 
-    ops: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     if backend == "ringlet":
         real = runtime._exchange
 
         def counting(store: Any, *a: Any, **k: Any) -> Any:
-            class Counted:
-                def __init__(self, s: Any) -> None:
-                    self._s = s
-
-                def clone(self) -> Any:
-                    return Counted(self._s.clone())
-
-                def __getattr__(self, name: str) -> Any:
-                    f = getattr(self._s, name)
-
-                    def call(*args: Any, **kw: Any) -> Any:
-                        ops[name] = ops.get(name, 0) + 1
-                        return f(*args, **kw)
-
-                    return call
-
-            return real(Counted(store), *a, **k)
+            return real(CountingStore(store, counts), *a, **k)
 
         runtime._exchange = counting  # type: ignore[assignment]
     t = torch.ones(1024)
@@ -101,7 +113,7 @@ def worker(out: str, backend: str, iters: int) -> None:
     dist.init_process_group(backend)
     dist.all_reduce(t)
     init_s = time.perf_counter() - t0
-    world_ops = sum(v for k, v in ops.items() if k != "check")
+    world_ops = store_ops(counts)
     t0 = time.perf_counter()
     g = dist.new_group(backend=backend)
     dist.all_reduce(t, group=g)
@@ -140,14 +152,6 @@ def launch(p: int, backend: str, iters: int, env: dict[str, str], timeout: float
     if len(rows) != p:
         raise RuntimeError(f"{len(rows)} of {p} ranks reported")
     return {k: max(r[k] for r in rows) for k in rows[0] if k != "rank"}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

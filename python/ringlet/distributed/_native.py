@@ -240,9 +240,7 @@ def _build_in_background(name: str) -> None:
     import subprocess
     import time
 
-    from torch.utils.cpp_extension import _get_build_directory
-
-    root = Path(_get_build_directory(name, False)).parent
+    root = _build_directory(name).parent
     root.mkdir(parents=True, exist_ok=True)
     marker = root / f"{name}.building"
     try:
