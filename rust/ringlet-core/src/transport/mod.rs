@@ -207,7 +207,8 @@ impl WaitPolicy {
 //    gives up meanwhile names the culprit it found);
 // 2. a rank blamed by a peer's notice while it has itself been waiting,
 //    running, for at least the grace, answers at once with its own verdict
-//    (`answer_blame`);
+//    (`answer_blame`); a rank that was stopped meanwhile takes the blame
+//    for a timeout whoever the notice names;
 // 3. a rank that blamed a peer then waits up to a grace for that peer's
 //    notice and adopts the rank it names, along the chain (`follow_blame`).
 
@@ -259,7 +260,10 @@ impl Waiting {
 /// for `late`, running all along, for at least the grace, the peer waited
 /// for this rank while this rank waited for `late`: the answer is this
 /// rank's own verdict. A rank that was stopped meanwhile, or that arrives
-/// late, keeps the blame.
+/// late, keeps the blame; and a rank that was stopped meanwhile takes it
+/// when the first notice it reads names another rank for a timeout: that
+/// rank timed out waiting, directly or through others, on this one (the
+/// notice that named this rank may sit on a stream this rank reads later).
 pub(crate) fn answer_blame(
     e: Error,
     rank: usize,
@@ -268,15 +272,19 @@ pub(crate) fn answer_blame(
     op: &'static str,
     w: &Waiting,
 ) -> Error {
-    let blamed_me = matches!(
-        e,
-        Error::Timeout { peer, via: Some(_), .. } if peer == me
-    );
+    let (blamed_me, via) = match e {
+        Error::Timeout {
+            peer, via: Some(v), ..
+        } => (peer == me, Some(v)),
+        _ => (false, None),
+    };
     let waited = w.since.elapsed();
-    if blamed_me && !w.stalled && waited >= w.grace && late != rank {
-        Error::timeout(rank, late, op, waited)
-    } else {
-        e
+    match via {
+        Some(v) if w.stalled && !blamed_me => Error::from_notice(rank, v, op, me, Cause::TimedOut),
+        Some(_) if blamed_me && !w.stalled && waited >= w.grace && late != rank => {
+            Error::timeout(rank, late, op, waited)
+        }
+        _ => e,
     }
 }
 
@@ -305,7 +313,10 @@ pub(crate) fn follow_blame(
             break;
         };
         match await_notice(x, deadline) {
-            Some((next, cause)) if next != culprit && next != me => {
+            Some((next, cause)) if next != culprit => {
+                // the chain may end at this rank: it was stopped before
+                // its collective began, and reads first the notice of a
+                // rank that waited on the one that waited on it
                 e = Error::from_notice(rank, x, call, next, cause).globalize(members, name, call);
             }
             _ => break,
@@ -318,6 +329,85 @@ pub(crate) fn follow_blame(
 mod tests {
     use super::*;
     use crate::fault::tests::words;
+
+    #[test]
+    fn the_chain_of_blame_may_end_at_this_rank() {
+        // global rank 2 of [0, 1, 2, 3] read rank 0's notice naming rank 3;
+        // rank 3's notice names rank 2, whose wait rank 3 timed out on
+        let members = [0, 1, 2, 3];
+        let timeout = Duration::from_secs(2);
+        let e = Error::from_notice(2, 0, "all_reduce", 3, Cause::TimedOut);
+        let mut asked = vec![];
+        let end = follow_blame(
+            e,
+            2,
+            &members,
+            timeout,
+            "the world",
+            "all_reduce",
+            |x, _| {
+                asked.push(x);
+                Some((2, Cause::TimedOut))
+            },
+        );
+        assert_eq!(asked, [3]);
+        assert!(
+            matches!(
+                end,
+                Error::Timeout {
+                    peer: 2,
+                    via: Some(3),
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+        // a chain through other ranks is followed to its end
+        let e = Error::timeout(0, 1, "all_reduce", timeout).globalize(&members, "w", "all_reduce");
+        let end = follow_blame(e, 0, &members, timeout, "w", "all_reduce", |x, _| {
+            (x == 1).then_some((2, Cause::TimedOut))
+        });
+        assert!(
+            matches!(
+                end,
+                Error::Timeout {
+                    peer: 2,
+                    via: Some(1),
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+    }
+
+    #[test]
+    fn a_stopped_rank_takes_the_blame_for_a_timeout() {
+        // group rank 2 (global 2) reads rank 0's notice naming rank 3
+        let notice = || Error::from_notice(2, 0, "all_reduce", 3, Cause::TimedOut);
+        let blamed = |e: Error| match e {
+            Error::Timeout { peer, via, .. } => (peer, via),
+            other => panic!("{other:?}"),
+        };
+        let mut w = Waiting::new(Duration::from_secs(2));
+        // running all along: the notice stands
+        assert_eq!(
+            blamed(answer_blame(notice(), 2, 2, 1, "all_reduce", &w)),
+            (3, Some(0))
+        );
+        // stopped meanwhile (a turn of the wait further apart than the grace)
+        w.last_turn -= Duration::from_secs(3);
+        w.tick();
+        assert_eq!(
+            blamed(answer_blame(notice(), 2, 2, 1, "all_reduce", &w)),
+            (2, Some(0))
+        );
+        // a rank that exited is still named as such
+        let lost = Error::from_notice(2, 0, "all_reduce", 3, Cause::Exited);
+        assert!(matches!(
+            answer_blame(lost, 2, 2, 1, "all_reduce", &w),
+            Error::PeerLost { peer: 3, .. }
+        ));
+    }
 
     #[test]
     fn random_descriptors_decode_or_are_refused_never_panic() {
