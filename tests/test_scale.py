@@ -25,7 +25,11 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
     store = CountingStore(real)
     ringlet.init(rank=rank, world_size=world, store=store)
     at_init = dict(store.counts)
-    peers = ringlet.peer_transports()  # a stream to every peer (the full mesh)
+    peers = ringlet.peer_transports()
+    world_comm = ringlet.runtime._world()
+    streams = [world_comm.open_streams()]  # none yet past 3 ranks over TCP
+    ringlet.barrier()  # the dissemination partners: rank +- 2^k
+    streams.append(world_comm.open_streams())
     t = torch.full((5,), float(rank + 1))
     ringlet.all_reduce(ringlet.REDUCE_SUM, [t])
     ringlet.barrier()
@@ -43,15 +47,15 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
         ringlet.all_reduce(ringlet.REDUCE_SUM, [u])  # the communicator still works
         assert u.tolist() == [float(world)] * 2
     ringlet.shutdown()
-    return {"ops": store_ops(at_init), "counts": at_init,
+    return {"ops": store_ops(at_init), "counts": at_init, "streams": streams,
             "sum": t.tolist(), "mismatch": mismatch, "peers": peers}
 
 
 @pytest.mark.parametrize("layout", ["4 hosts x 1", "2 hosts x 2", "6 hosts x 1"])
 def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout: str) -> None:
-    """Store operations per rank stay constant as the world grows; every rank
-    still holds a stream to every peer (the full mesh: connections are not
-    yet opened on demand)."""
+    """Store operations per rank stay constant as the world grows; TCP
+    streams open on demand: none at start-up, the dissemination partners
+    after a barrier."""
     hosts, per = (int(w) for w in layout.split(" hosts x "))
     world = hosts * per
     env = [{"RINGLET_HOST_ID": f"logical-{r // per}"} for r in range(world)]
@@ -69,6 +73,13 @@ def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout:
         assert out[r]["counts"].get("get", 0) <= (2 if per > 1 else 1), out[r]["counts"]
         if per == 1:
             assert out[r]["peers"] == {q: "tcp" for q in range(world) if q != r}, out[r]
+        # the world's mesh spans hosts: streams open as collectives need them
+        partners = {(r + s * (1 << k)) % world for k in range((world - 1).bit_length())
+                    for s in (1, -1)}
+        first, after_barrier = out[r]["streams"]
+        assert after_barrier == len(partners), (r, out[r]["streams"])
+        # two levels agree on the layout over the world's mesh at start-up
+        assert first == (0 if per == 1 else len(partners)), (r, out[r]["streams"])
         if world >= 4:
             assert "rank 0 called all_reduce" in out[r]["mismatch"], out[r]["mismatch"]
             assert "rank 2 called all_gather" in out[r]["mismatch"], out[r]["mismatch"]

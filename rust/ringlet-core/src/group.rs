@@ -172,10 +172,20 @@ impl Communicator {
         if size == 1 {
             return Ok(Communicator::single(cfg));
         }
-        let mut mesh = TcpMesh::connect(rank, addrs, listener, token, cfg.timeout)?;
-        mesh.set_members(&cfg.members);
         let one_host = hosts.iter().all(|h| *h == hosts[0]);
-        let link = if one_host && !cfg.force_tcp {
+        // Over TCP, streams open as the algorithms first use them (ring
+        // neighbours, the dissemination and doubling partners, the hosts'
+        // channel owners; every peer only for all_to_all and the like). A
+        // group on one host connects in full: shared memory is set up over
+        // the streams, which then carry its failure notices.
+        let shm = one_host && !cfg.force_tcp;
+        let mut mesh = if !shm && size > TcpMesh::LAZY_ABOVE {
+            TcpMesh::connect_lazily(rank, addrs, listener, token)?
+        } else {
+            TcpMesh::connect(rank, addrs, listener, token, cfg.timeout)?
+        };
+        mesh.set_members(&cfg.members);
+        let link = if shm {
             match ShmGroup::establish(
                 rank,
                 size,
@@ -219,6 +229,16 @@ impl Communicator {
     /// Number of ranks in the group.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// TCP streams to peers open now: every peer's for a group on one host
+    /// (and up to `TcpMesh::LAZY_ABOVE` ranks), else those the collectives
+    /// so far have used (they open on demand).
+    pub fn open_streams(&self) -> usize {
+        match &self.link {
+            Link::Local => 0,
+            Link::Shm { _tcp: m, .. } | Link::Tcp(m) => m.open_streams(),
+        }
     }
 
     /// Which transport is in use: `"local"`, `"shm+cma"`, `"shm"` or `"tcp"`.

@@ -216,6 +216,12 @@ impl Communicator {
         self.inner.transport()
     }
 
+    /// TCP streams to peers open now (they open on demand in groups of more
+    /// than 3 ranks that span hosts).
+    fn open_streams(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with(py, |c| Ok(c.open_streams()))
+    }
+
     /// The longest wait for a peer without progress, in seconds.
     fn timeout(&self, py: Python<'_>) -> PyResult<f64> {
         self.with(py, |c| Ok(c.timeout().as_secs_f64()))

@@ -3,12 +3,20 @@
 //! receives to completion with one `poll` loop, so a ring step ("send to next
 //! while receiving from previous") and an all-to-all exchange are the same call
 //! and neither can deadlock on full socket buffers.
+//!
+//! A mesh is either connected in full at creation (`TcpMesh::connect`) or
+//! on demand (`TcpMesh::connect_lazily`): a stream opens the first time a
+//! transfer names its peer. Either way the higher rank of a pair dials and
+//! the lower accepts; the dial never waits for the peer (the listener's
+//! backlog takes it), and the accepting side keeps driving its other
+//! transfers until the hello arrives, so on-demand streams add no wait that
+//! a full mesh would not have.
 
 use crate::error::{Cause, Error, Result};
 use crate::fault::{decode_notice, Tripwire, NOTICE_BYTES};
 use crate::sys;
 use crate::transport::{check_agreement, grace, OpDesc, Waiting, DESC_WORDS};
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
@@ -24,6 +32,9 @@ const HANGUP: libc::c_short = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
 const HELLO_PATIENCE: Duration = Duration::from_secs(2);
 /// Most connections whose hello is awaited at once (the oldest is dropped).
 const MAX_PENDING_HELLOS: usize = 64;
+/// How long a rank waits on a peer that has not connected yet before it
+/// checks that the peer still listens (and then again as often).
+const PROBE_AFTER: Duration = Duration::from_secs(1);
 const HELLO_BYTES: usize = 24;
 
 /// Largest mesh whose agreement check is a full exchange of descriptors:
@@ -67,7 +78,7 @@ impl Hello {
         token: u64,
         rank: usize,
         size: usize,
-        streams: &[Option<TcpStream>],
+        connected: impl Fn(usize) -> bool,
     ) -> HelloState {
         while self.got < HELLO_BYTES {
             match (&self.stream).read(&mut self.buf[self.got..]) {
@@ -90,12 +101,7 @@ impl Hello {
         let Ok(peer) = usize::try_from(word(2)) else {
             return HelloState::Rejected;
         };
-        if magic != HELLO_MAGIC
-            || tok != token
-            || peer <= rank
-            || peer >= size
-            || streams[peer].is_some()
-        {
+        if magic != HELLO_MAGIC || tok != token || peer <= rank || peer >= size || connected(peer) {
             return HelloState::Rejected;
         }
         HelloState::Peer(peer)
@@ -189,10 +195,12 @@ impl<'a> Xfer<'a> {
     }
 }
 
-/// Full mesh of streams for one communicator.
+/// The streams of one communicator: a full mesh, or opened on demand.
 pub struct TcpMesh {
     rank: usize,
-    streams: Vec<Option<TcpStream>>,
+    streams: Vec<OnceCell<TcpStream>>,
+    /// Set for a mesh whose streams open on demand.
+    lazy: Option<Lazy>,
     /// The last bytes received from each peer: when a stream ends, they hold
     /// the peer's abort notice if it sent one.
     tails: Vec<Cell<[u8; NOTICE_BYTES]>>,
@@ -202,6 +210,17 @@ pub struct TcpMesh {
     members: Vec<usize>,
     /// Messages sent by `agree` so far.
     agree_sent: Cell<u64>,
+}
+
+/// What a mesh needs to open streams on demand.
+struct Lazy {
+    /// This rank's listening socket (a duplicate of the one whose address
+    /// the peers have): the higher ranks dial it.
+    listener: TcpListener,
+    addrs: Vec<String>,
+    token: u64,
+    /// Accepted connections whose hello is still on its way.
+    hellos: RefCell<Vec<Hello>>,
 }
 
 /// Binds a listening socket on `addr` (port 0 picks a free port).
@@ -235,12 +254,7 @@ impl TcpMesh {
         let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
         for (peer, addr) in addrs.iter().enumerate().take(rank) {
             let s = dial(rank, peer, addr, deadline)?;
-            let mut hello = Vec::with_capacity(24);
-            for w in [HELLO_MAGIC, token, rank as u64] {
-                hello.extend_from_slice(&w.to_le_bytes());
-            }
-            (&s).write_all(&hello)
-                .map_err(|e| peer_lost(rank, peer, "connect", e))?;
+            say_hello(&s, token, rank).map_err(|e| peer_lost(rank, peer, "connect", e))?;
             streams[peer] = Some(s);
         }
         // Accept the higher ranks. Hellos are read from every connection at
@@ -268,7 +282,7 @@ impl TcpMesh {
             }
             let mut i = 0;
             while i < pending.len() {
-                match pending[i].progress(token, rank, size, &streams) {
+                match pending[i].progress(token, rank, size, |p| streams[p].is_some()) {
                     HelloState::Waiting => i += 1,
                     HelloState::Rejected => {
                         pending.swap_remove(i);
@@ -300,24 +314,187 @@ impl TcpMesh {
             sys::poll(&mut fds, (deadline - now).min(POLL_SLICE))?;
         }
         for s in streams.iter().flatten() {
-            s.set_nodelay(true)
-                .map_err(|e| Error::io("set_nodelay", e))?;
-            s.set_read_timeout(None)
-                .map_err(|e| Error::io("set_read_timeout", e))?;
-            s.set_nonblocking(true)
-                .map_err(|e| Error::io("set_nonblocking", e))?;
-            sys::set_tcp_user_timeout(s.as_raw_fd(), timeout);
+            ready(s, timeout)?;
         }
         let wire = Tripwire::new();
         wire.add_streams(streams.iter().flatten().map(|s| s.as_raw_fd()));
         Ok(TcpMesh {
             rank,
             tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
-            streams,
+            streams: streams
+                .into_iter()
+                .map(|s| s.map_or_else(OnceCell::new, OnceCell::from))
+                .collect(),
+            lazy: None,
             wire,
             members: Vec::new(),
             agree_sent: Cell::new(0),
         })
+    }
+
+    /// Meshes of more ranks than this may open their streams on demand
+    /// (`connect_lazily`); smaller ones connect in full (two ranks' peeks at
+    /// a pending message read the peer's stream, which must exist).
+    pub const LAZY_ABOVE: usize = FULL_EXCHANGE_UP_TO;
+
+    /// A mesh of rank `rank` whose streams open on demand: the first
+    /// transfer that names a peer dials it (a higher rank dials a lower
+    /// one) or accepts it on `listener` (kept, duplicated, for the mesh's
+    /// life). Nothing is sent at creation. Arguments as for `connect`.
+    pub fn connect_lazily(
+        rank: usize,
+        addrs: &[String],
+        listener: &TcpListener,
+        token: u64,
+    ) -> Result<TcpMesh> {
+        let size = addrs.len();
+        let listener = listener
+            .try_clone()
+            .map_err(|e| Error::io("duplicating the listening socket", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("listener set_nonblocking", e))?;
+        Ok(TcpMesh {
+            rank,
+            tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
+            streams: (0..size).map(|_| OnceCell::new()).collect(),
+            lazy: Some(Lazy {
+                listener,
+                addrs: addrs.to_vec(),
+                token,
+                hellos: RefCell::new(Vec::new()),
+            }),
+            wire: Tripwire::new(),
+            members: Vec::new(),
+            agree_sent: Cell::new(0),
+        })
+    }
+
+    /// Streams open now (peers this rank has exchanged bytes with, or all
+    /// of them for a full mesh).
+    pub fn open_streams(&self) -> usize {
+        self.streams.iter().filter(|s| s.get().is_some()).count()
+    }
+
+    fn connected(&self, peer: usize) -> bool {
+        self.streams.get(peer).is_some_and(|s| s.get().is_some())
+    }
+
+    /// Installs a new stream to `peer`.
+    fn adopt(&self, peer: usize, s: TcpStream, timeout: Duration) -> Result<()> {
+        ready(&s, timeout)?;
+        let fd = s.as_raw_fd();
+        if self.streams[peer].set(s).is_ok() {
+            self.wire.add_streams([fd]);
+        }
+        Ok(())
+    }
+
+    /// Dials the lower-ranked peers of `xfers` that have no stream yet. The
+    /// connection completes in the peer's listen backlog, without waiting
+    /// for the peer to accept; a refusal means the peer no longer listens.
+    fn dial_lower(&self, xfers: &[Xfer<'_>], op: &'static str, timeout: Duration) -> Result<()> {
+        let Some(lazy) = &self.lazy else {
+            return Ok(());
+        };
+        for x in xfers {
+            let peer = x.peer();
+            if peer >= self.rank || self.connected(peer) {
+                continue;
+            }
+            let sa = resolve(&lazy.addrs[peer])?;
+            let s = TcpStream::connect_timeout(
+                &sa,
+                timeout.clamp(Duration::from_millis(1), Duration::from_secs(5)),
+            )
+            .map_err(|e| self.unreachable(peer, op, e))?;
+            say_hello(&s, lazy.token, self.rank).map_err(|e| peer_lost(self.rank, peer, op, e))?;
+            self.adopt(peer, s, timeout)?;
+        }
+        Ok(())
+    }
+
+    /// The error for a failed dial of `peer`.
+    fn unreachable(&self, peer: usize, op: &'static str, e: std::io::Error) -> Error {
+        let (cause, why) = match e.kind() {
+            ErrorKind::ConnectionRefused => (
+                Cause::Exited,
+                "it no longer accepts connections (connection refused)".to_string(),
+            ),
+            _ => (Cause::Unreachable, format!("connecting to it failed: {e}")),
+        };
+        Error::lost(self.rank, peer, op, cause, why)
+    }
+
+    /// Accepts the connections waiting on the listener and reads their
+    /// hellos, without blocking; true when a stream was added.
+    fn accept_higher(&self, timeout: Duration) -> Result<bool> {
+        let Some(lazy) = &self.lazy else {
+            return Ok(false);
+        };
+        let mut hellos = lazy.hellos.borrow_mut();
+        loop {
+            match lazy.listener.accept() {
+                Ok((s, _)) => {
+                    if s.set_nonblocking(true).is_ok() {
+                        if hellos.len() >= MAX_PENDING_HELLOS {
+                            hellos.remove(0);
+                        }
+                        hellos.push(Hello::new(s));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
+                Err(e) => return Err(Error::io("accept", e)),
+            }
+        }
+        let mut added = false;
+        let mut i = 0;
+        while i < hellos.len() {
+            match hellos[i].progress(lazy.token, self.rank, self.size(), |p| self.connected(p)) {
+                HelloState::Waiting => i += 1,
+                HelloState::Rejected => {
+                    hellos.swap_remove(i);
+                }
+                HelloState::Peer(peer) => {
+                    self.adopt(peer, hellos.swap_remove(i).stream, timeout)?;
+                    added = true;
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    /// The listener and the connections whose hello is awaited, to poll
+    /// while a transfer waits for a peer that has not connected yet.
+    fn accept_pollfds(&self) -> Vec<libc::pollfd> {
+        let Some(lazy) = &self.lazy else {
+            return Vec::new();
+        };
+        std::iter::once(lazy.listener.as_raw_fd())
+            .chain(lazy.hellos.borrow().iter().map(|h| h.stream.as_raw_fd()))
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect()
+    }
+
+    /// Whether `peer` (which has not connected) still listens: an error
+    /// naming it when its listener refuses a connection.
+    fn probe(&self, peer: usize, op: &'static str) -> Result<()> {
+        let Some(lazy) = &self.lazy else {
+            return Ok(());
+        };
+        let sa = resolve(&lazy.addrs[peer])?;
+        match TcpStream::connect_timeout(&sa, Duration::from_millis(100)) {
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                Err(self.unreachable(peer, op, e))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Sets the global rank of each group rank (notices name global ranks).
@@ -491,16 +668,13 @@ impl TcpMesh {
 
     /// Raw fd of the stream to `peer` (for liveness checks).
     pub fn fd(&self, peer: usize) -> Option<RawFd> {
-        self.streams.get(peer)?.as_ref().map(|s| s.as_raw_fd())
+        self.streams.get(peer)?.get().map(|s| s.as_raw_fd())
     }
 
     fn stream(&self, peer: usize) -> Result<&TcpStream> {
-        self.streams
-            .get(peer)
-            .and_then(|s| s.as_ref())
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("rank {}: no stream to rank {peer}", self.rank))
-            })
+        self.streams.get(peer).and_then(|s| s.get()).ok_or_else(|| {
+            Error::InvalidArgument(format!("rank {}: no stream to rank {peer}", self.rank))
+        })
     }
 
     /// Runs every transfer to completion. Fails with `Timeout` when no byte
@@ -550,12 +724,22 @@ impl TcpMesh {
         mut after: impl FnMut(&[Xfer<'_>]) -> Result<()>,
         until: impl Fn(&[Xfer<'_>]) -> bool,
     ) -> Result<()> {
+        self.dial_lower(xfers, op, timeout)?;
         let eligible = |xfers: &[Xfer<'_>], i: usize| {
             !xfers[i].finished()
+                && self.connected(xfers[i].peer())
                 && !xfers[..i]
                     .iter()
                     .any(|y| !y.finished() && y.same_stream(&xfers[i]))
         };
+        // a peer that has not connected yet (it is higher: it dials)
+        let unconnected = |xfers: &[Xfer<'_>]| {
+            xfers
+                .iter()
+                .find(|x| !x.finished() && !self.connected(x.peer()))
+                .map(Xfer::peer)
+        };
+        let mut last_probe = Instant::now();
         let mut w = Waiting::new(timeout);
         let late = |xfers: &[Xfer<'_>]| {
             xfers
@@ -569,6 +753,9 @@ impl TcpMesh {
             }
             w.tick();
             let mut progressed = false;
+            if self.lazy.is_some() && unconnected(xfers).is_some() {
+                progressed |= self.accept_higher(timeout)?;
+            }
             for i in 0..xfers.len() {
                 if !eligible(xfers, i) {
                     continue;
@@ -590,11 +777,19 @@ impl TcpMesh {
                 return Err(self.settle(late(xfers), op, timeout, w));
             }
             if !progressed {
+                let waiting_for = unconnected(xfers);
+                if let Some(peer) = waiting_for {
+                    // one that died before it connected refuses the probe
+                    if w.since.elapsed() >= PROBE_AFTER && last_probe.elapsed() >= PROBE_AFTER {
+                        last_probe = Instant::now();
+                        self.probe(peer, op)?;
+                    }
+                }
                 let pending: Vec<&Xfer> = (0..xfers.len())
                     .filter(|&i| eligible(xfers, i))
                     .map(|i| &xfers[i])
                     .collect();
-                let mut fds: Vec<libc::pollfd> = Vec::with_capacity(pending.len());
+                let mut fds: Vec<libc::pollfd> = Vec::with_capacity(pending.len() + 1);
                 for x in &pending {
                     let events = match x {
                         Xfer::Send { .. } => libc::POLLOUT,
@@ -606,11 +801,16 @@ impl TcpMesh {
                         revents: 0,
                     });
                 }
+                let watched = fds.len();
+                if waiting_for.is_some() {
+                    fds.extend(self.accept_pollfds());
+                }
                 let left = timeout.saturating_sub(w.since.elapsed());
                 sys::poll(&mut fds, left.min(POLL_SLICE))?;
                 if fds.iter().all(|p| p.revents == 0) {
                     crate::fault::check_interrupt(self.rank)?;
                 }
+                fds.truncate(watched);
                 // A peer we only send to hung up: it gave up or died. (A
                 // pending receive finds out by reading to the end.)
                 for (x, p) in pending.iter().zip(&fds) {
@@ -907,7 +1107,7 @@ impl TcpMesh {
 
     /// Shuts every stream down so that peers blocked on us fail fast.
     pub fn shutdown(&self) {
-        for s in self.streams.iter().flatten() {
+        for s in self.streams.iter().filter_map(OnceCell::get) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
@@ -936,6 +1136,29 @@ fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpSt
     }
 }
 
+/// Sends the hello that identifies this rank on a new connection.
+fn say_hello(s: &TcpStream, token: u64, rank: usize) -> std::io::Result<()> {
+    let mut hello = Vec::with_capacity(HELLO_BYTES);
+    for w in [HELLO_MAGIC, token, rank as u64] {
+        hello.extend_from_slice(&w.to_le_bytes());
+    }
+    let mut s = s;
+    s.write_all(&hello)
+}
+
+/// Sets a new stream up for transfers: no Nagle delay, non-blocking, and
+/// unacknowledged data fails it after `timeout`.
+fn ready(s: &TcpStream, timeout: Duration) -> Result<()> {
+    s.set_nodelay(true)
+        .map_err(|e| Error::io("set_nodelay", e))?;
+    s.set_read_timeout(None)
+        .map_err(|e| Error::io("set_read_timeout", e))?;
+    s.set_nonblocking(true)
+        .map_err(|e| Error::io("set_nonblocking", e))?;
+    sys::set_tcp_user_timeout(s.as_raw_fd(), timeout);
+    Ok(())
+}
+
 fn peer_lost(rank: usize, peer: usize, op: &'static str, e: std::io::Error) -> Error {
     Error::lost(rank, peer, op, Cause::Exited, e.to_string())
 }
@@ -946,9 +1169,10 @@ mod tests {
     use crate::dtype::{DType, ReduceOp};
     use crate::transport::OpKind;
 
-    /// A full mesh of `p` ranks on loopback, one per thread, each running
-    /// `f(rank, mesh)`; the results in rank order.
-    fn with_meshes<T: Send>(p: usize, f: impl Fn(usize, &TcpMesh) -> T + Sync) -> Vec<T> {
+    /// A mesh of `p` ranks on loopback, one per thread, each running
+    /// `f(rank, mesh)`: the full mesh (`lazy` false) or streams on demand;
+    /// the results in rank order.
+    fn meshes_of<T: Send>(p: usize, lazy: bool, f: impl Fn(usize, &TcpMesh) -> T + Sync) -> Vec<T> {
         let listeners: Vec<TcpListener> = (0..p)
             .map(|_| listen("127.0.0.1:0").expect("listen"))
             .collect();
@@ -960,13 +1184,18 @@ mod tests {
         let f = &f;
         std::thread::scope(|s| {
             let handles: Vec<_> = listeners
-                .iter()
+                .into_iter()
                 .enumerate()
                 .map(|(rank, l)| {
                     let addrs = &addrs;
                     s.spawn(move || {
-                        let mesh = TcpMesh::connect(rank, addrs, l, token, Duration::from_secs(20))
-                            .expect("connect");
+                        let mesh = if lazy {
+                            TcpMesh::connect_lazily(rank, addrs, &l, token)
+                        } else {
+                            TcpMesh::connect(rank, addrs, &l, token, Duration::from_secs(20))
+                        }
+                        .expect("connect");
+                        drop(l); // the mesh keeps what it needs
                         f(rank, &mesh)
                     })
                 })
@@ -996,6 +1225,15 @@ mod tests {
 
     #[test]
     fn agreement_takes_log_p_messages_and_names_who_disagrees() {
+        agreement_in_log_p(false);
+    }
+
+    #[test]
+    fn agreement_on_streams_opened_on_demand() {
+        agreement_in_log_p(true);
+    }
+
+    fn agreement_in_log_p(lazy: bool) {
         let timeout = Duration::from_secs(20);
         for p in (2..=9).chain([16]) {
             // the descriptors of three calls: all agree; rank p-1 disagrees;
@@ -1041,17 +1279,30 @@ mod tests {
                     call(4),
                 ]
             };
-            let out = with_meshes(p, |rank, mesh| {
+            let out = meshes_of(p, lazy, |rank, mesh| {
                 let mut results = Vec::new();
                 let mut sent = Vec::new();
+                let mut streams = vec![mesh.open_streams()];
                 for d in calls(rank) {
                     let before = mesh.agree_messages();
                     results.push(mesh.agree(&d, timeout));
                     sent.push(mesh.agree_messages() - before);
+                    streams.push(mesh.open_streams());
                 }
-                (results, sent)
+                (results, sent, streams)
             });
-            for (rank, (results, sent)) in out.iter().enumerate() {
+            for (rank, (results, sent, streams)) in out.iter().enumerate() {
+                if lazy {
+                    // none at creation; the dissemination partners (rank ± 2^k)
+                    // after an agreeing call; every peer once a mismatch
+                    // needed the full exchange
+                    assert_eq!(streams[0], 0, "p={p}");
+                    let partners: std::collections::BTreeSet<usize> = (0..log2_ceil(p))
+                        .flat_map(|k| [(rank + (1 << k)) % p, (rank + p - (1 << k) % p) % p])
+                        .collect();
+                    assert_eq!(streams[1], partners.len(), "p={p} rank {rank}");
+                    assert_eq!(streams[2], p - 1, "p={p}");
+                }
                 for (i, r) in results.iter().enumerate() {
                     // what the full exchange of descriptors raises
                     let all: Vec<OpDesc> = (0..p).map(|q| calls(q)[i]).collect();
@@ -1082,6 +1333,67 @@ mod tests {
                     assert_eq!(sent[1], log2_ceil(p) + p as u64 - 1, "p={p}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn streams_open_on_demand_and_a_peer_gone_before_it_connected_is_named() {
+        let t = Duration::from_secs(20);
+        // an exchange in which every rank sends to every other, in the order
+        // that makes each wait on peers that have not connected yet
+        let out = meshes_of(6, true, |rank, mesh| {
+            let mine: Vec<Vec<u8>> = (0..6)
+                .map(|q| vec![(rank * 6 + q) as u8; 1 << 20])
+                .collect();
+            let mut theirs = vec![vec![0u8; 1 << 20]; 6];
+            let mut x: Vec<Xfer> = Vec::new();
+            for (q, b) in theirs
+                .iter_mut()
+                .enumerate()
+                .rev()
+                .filter(|(q, _)| *q != rank)
+            {
+                x.push(Xfer::recv(q, b));
+            }
+            for (q, b) in mine.iter().enumerate().filter(|(q, _)| *q != rank) {
+                x.push(Xfer::send(q, b));
+            }
+            mesh.transfer(&mut x, "all_to_all", t).expect("all_to_all");
+            drop(x);
+            let ok = theirs
+                .iter()
+                .enumerate()
+                .all(|(q, b)| q == rank || b.iter().all(|&v| v == (q * 6 + rank) as u8));
+            (ok, mesh.open_streams())
+        });
+        assert!(out.iter().all(|&(ok, n)| ok && n == 5), "{out:?}");
+
+        // rank 2 closes its mesh without ever connecting: ranks 0 and 1
+        // (which wait for it to dial) learn it from the refused probe, rank 3
+        // (which dials it) at once; none waits for the timeout
+        let out = meshes_of(4, true, |rank, mesh| {
+            let start = Instant::now();
+            if rank == 2 {
+                return (None, start.elapsed());
+            }
+            let mut b = [0u8; 8];
+            let r = mesh.transfer(&mut [Xfer::recv(2, &mut b)], "broadcast", t);
+            (Some(r), start.elapsed())
+        });
+        for (rank, (r, took)) in out.iter().enumerate() {
+            let Some(r) = r else { continue };
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::PeerLost {
+                        peer: 2,
+                        cause: Cause::Exited,
+                        ..
+                    })
+                ),
+                "rank {rank}: {r:?}"
+            );
+            assert!(*took < Duration::from_secs(5), "rank {rank}: {took:?}");
         }
     }
 }
