@@ -9,7 +9,9 @@ reports, the maximum over ranks:
 * ``init``: from ``init_process_group`` to the first ``all_reduce`` done (the
   job's start-up as its training loop sees it; gloo connects its full mesh
   inside ``init_process_group``, or, with ``TORCH_GLOO_LAZY_INIT=1``, on each
-  pair's first use);
+  pair's first use); ``init, last arrival``: the same for the rank that
+  arrived last (the least over ranks), which waited for no one's arrival:
+  the protocol's own cost, without the spread of the processes' start;
 * ``new_group``: a group of every rank, to its first ``all_reduce`` done;
 * ``store ops``: the store operations ringlet made to connect the world (a
   counting wrapper around the default group's store: ringlet's own
@@ -19,14 +21,21 @@ reports, the maximum over ranks:
 * ``4 KiB`` / ``1 MiB``: median all_reduce, blocks of back-to-back calls
   after a barrier, slowest rank.
 
+With ``--netns L`` (as root) the hosts are network namespaces on a bridge
+(:mod:`ringlet.bench.netns`, ``--rate`` per link, raw veth by default), L
+ranks each, one ``torchrun --nnodes H --node_rank h`` per host, so the
+connections cross real (virtual) links with their own addresses.
+
 Example:
   python -m ringlet.bench scale --ranks 4,16
+  sudo python -m ringlet.bench scale --netns 1 --ranks 8,16
   python -m ringlet.bench scale --ranks 16 --repeat 3 --gloo-lazy
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -97,7 +106,7 @@ def worker(out: str, backend: str, iters: int) -> None:
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
-    os.environ["RINGLET_HOST_ID"] = f"logical-{rank}"
+    os.environ.setdefault("RINGLET_HOST_ID", f"logical-{rank}")  # namespaces: set per host
     from ringlet import runtime
 
     counts: Counter[str] = Counter()
@@ -138,6 +147,14 @@ def worker(out: str, backend: str, iters: int) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The maximum over ranks of each number, and the start-up of the rank
+    that arrived last (the least: it waited for no one's arrival)."""
+    out = {k: max(r[k] for r in rows) for k in rows[0] if k != "rank"}
+    out["init_last_s"] = min(r["init_s"] for r in rows)
+    return out
+
+
 def launch(p: int, backend: str, iters: int, env: dict[str, str], timeout: float
            ) -> dict[str, float]:
     """One launch of ``p`` ranks; the maximum over ranks of each number."""
@@ -151,7 +168,49 @@ def launch(p: int, backend: str, iters: int, env: dict[str, str], timeout: float
         rows = [json.loads(line) for line in out.read_text().splitlines()]
     if len(rows) != p:
         raise RuntimeError(f"{len(rows)} of {p} ranks reported")
-    return {k: max(r[k] for r in rows) for k in rows[0] if k != "rank"}
+    return _summary(rows)
+
+
+def launch_netns(net: Any, per_host: int, backend: str, iters: int, env: dict[str, str],
+                 timeout: float, port: int) -> dict[str, float]:
+    """One launch over the network-namespace hosts of ``net``
+    (:class:`ringlet.bench.netns.Hosts`), ``per_host`` ranks on each: a
+    ``torchrun --nnodes H --node_rank h`` inside each host; the maximum over
+    ranks of each number."""
+    hosts = len(net.names)
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+            "MASTER_ADDR", "MASTER_PORT")
+    base = {k: v for k, v in os.environ.items()
+            if k not in drop and not k.startswith("TORCHELASTIC_")}
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "rows.jsonl"
+        procs = []
+        try:
+            for h in range(hosts):
+                argv = [*net.exec_argv(h), sys.executable, "-m", "torch.distributed.run",
+                        "--nnodes", str(hosts), "--nproc_per_node", str(per_host),
+                        "--node_rank", str(h), "--master_addr", net.addrs[0],
+                        "--master_port", str(port), "-m", "ringlet.bench.scale",
+                        "--worker", str(out), backend, str(iters)]
+                host_env = {**base, **env, "OMP_NUM_THREADS": "1",
+                            "RINGLET_HOST_ID": f"host{h}", "GLOO_SOCKET_IFNAME": net.ifnames[h]}
+                procs.append(subprocess.Popen(argv, env=host_env, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE, start_new_session=True))
+            deadline = time.monotonic() + timeout
+            for proc in procs:
+                _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                if proc.returncode:
+                    raise RuntimeError(f"a host's launch failed ({proc.returncode}): "
+                                       f"{err.decode(errors='replace')[-2000:]}")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+    if len(rows) != hosts * per_host:
+        raise RuntimeError(f"{len(rows)} of {hosts * per_host} ranks reported")
+    return _summary(rows)
 
 
 def main() -> None:
@@ -166,18 +225,34 @@ def main() -> None:
     p.add_argument("--gloo-lazy", action="store_true",
                    help="also gloo with TORCH_GLOO_LAZY_INIT=1")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--netns", type=int, default=0, metavar="L",
+                   help="network-namespace hosts of L ranks each on a bridge (as root) "
+                        "instead of logical hosts")
+    p.add_argument("--rate", default="none", help="with --netns: each host link's tc rate")
     args = p.parse_args()
     ways = [("ringlet", "ringlet", {}), ("gloo", "gloo", {})]
     if args.gloo_lazy:
         ways.append(("gloo lazy", "gloo", {"TORCH_GLOO_LAZY_INIT": "1"}))
-    print("| ranks | backend | init s | new_group s | store ops | sockets | 4 KiB µs | "
-          "1 MiB µs |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("| ranks | backend | init s | init, last arrival s | new_group s | store ops | "
+          "sockets | 4 KiB µs | 1 MiB µs |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.ranks.split(",")):
         got: dict[str, list[dict[str, float]]] = {w[0]: [] for w in ways}
-        for _ in range(args.repeat):
-            for label, backend, env in ways:
-                got[label].append(launch(n, backend, args.iters, env, args.timeout))
+        with contextlib.ExitStack() as stack:
+            net = None
+            if args.netns:
+                from . import netns
+
+                if n % args.netns or n // args.netns < 2:
+                    raise SystemExit(f"--netns {args.netns}: {n} ranks make no 2+ hosts")
+                net = stack.enter_context(netns.Hosts(n // args.netns, args.rate, tag="rlscale"))
+            port = 29500
+            for _ in range(args.repeat):
+                for label, backend, env in ways:
+                    port += 1  # a fresh port: the last launch's may linger in TIME_WAIT
+                    got[label].append(
+                        launch_netns(net, args.netns, backend, args.iters, env, args.timeout, port)
+                        if net is not None else launch(n, backend, args.iters, env, args.timeout))
         for label, _, _ in ways:
             runs = got[label]
 
@@ -185,7 +260,8 @@ def main() -> None:
                 return statistics.median(r[k] for r in runs)
 
             ops = f"{med('store_ops'):.0f}" if label == "ringlet" else "-"
-            print(f"| {n} | {label} | {med('init_s'):.3f} | {med('group_s'):.3f} | {ops} | "
+            print(f"| {n} | {label} | {med('init_s'):.3f} | {med('init_last_s'):.3f} | "
+                  f"{med('group_s'):.3f} | {ops} | "
                   f"{med('sockets'):.0f} | {med('us_4096'):.1f} | {med('us_1048576'):.1f} |",
                   flush=True)
 
