@@ -47,3 +47,23 @@ def test_entry_point_prints_the_table() -> None:
                           "--sizes", "4096,1048576"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "| 16 | 32 |" in res.stdout and "1 MiB two-level" in res.stdout
+
+
+def test_start_up_terms() -> None:
+    """Start-up: the store's operations grow with p, the table it sends with
+    p^2 (every rank reads all p records), the dials with log2 p; 1,024 hosts
+    x 8 ranks on 100 Gbit start within 10 s with the defaults of the CLI."""
+    fast = model.Link(rate=12.5e9, alpha=10e-6, o=2e-6, mem=8e9)
+    store = model.Store(op=10e-6, bw=1e9, record=7, base=0.02)
+    t = model.start_up(1024, 8, fast, store)
+    p = 8192
+    table = p * p * 7 / 1e9
+    ops = (2 * p + 1 + 2 * p + 1024) * 10e-6
+    assert table + ops < t < table + ops + 0.02 + 0.2 + 0.01
+    assert t < 10
+    # two ranks: the base, one poll interval and a first all_reduce
+    small = model.start_up(2, 1, fast, store)
+    assert 0.02 < small < 0.04
+    # doubling the records' bytes adds the world's table and the hosts' tables again
+    bigger = model.start_up(1024, 8, fast, model.Store(op=10e-6, bw=1e9, record=14, base=0.02))
+    assert bigger - t == pytest.approx(table + p * 8 * 7 / 1e9, rel=1e-6)

@@ -88,6 +88,68 @@ def agreement(p: int, link: Link) -> float:
         return link.alpha + (p - 1) * link.o
     return math.ceil(math.log2(p)) * (link.alpha + 2 * link.o)
 
+@dataclass
+class Store:
+    """The job's store server as start-up sees it (torch's TCPStore).
+
+    Args:
+      op (float): Seconds the server spends on one operation.
+      bw (float): Bytes/s the server sends out.
+      record (float): Bytes of one rank's record in a group's table (its
+        address, host and machine ids, as JSON).
+      base (float): Seconds of a process's own work to set a group up
+        (native communicator, Python), every rank in parallel.
+
+    Example:
+      >>> Store(op=30e-6, bw=1e9, record=120, base=0.02)
+    """
+
+    op: float
+    bw: float
+    record: float
+    base: float
+
+
+def start_up(hosts: int, per_host: int, link: Link, store: Store) -> float:
+    """Seconds from the last rank's ``init_process_group`` to its first 4 KiB
+    all_reduce done (the protocol's cost; the processes' own start comes on
+    top):
+
+    * the world's table: every rank sets its record, rank 0 reads them in one
+      ``multi_get`` and sets the table, every rank gets it: 2 p + 1
+      operations at the server, the table (p compressed records) sent to p
+      ranks, and the waits' last poll (half the poll interval, which grows
+      with p, twice: rank 0 for the records, the others for the table);
+    * with several ranks per host, each host's group the same way (H tables
+      of L records);
+    * the first collective: streams open on demand, one dial (a round trip,
+      2 alpha) per dissemination round of the agreement, then the 4 KiB
+      all_reduce itself (``two_level``).
+
+    Args:
+      hosts (int): H.
+      per_host (int): L.
+      link (Link): The network.
+      store (Store): The store server.
+
+    Returns:
+      Seconds.
+
+    Example:
+      >>> start_up(1024, 8, Link(12.5e9, 10e-6, 2e-6, 8e9), Store(30e-6, 1e9, 120, 0.02))
+    """
+    p = hosts * per_host
+    poll = max(0.01, p * 2e-5)  # runtime._await's longest pause
+    world = (2 * p + 1) * store.op + p * p * store.record / store.bw + poll
+    levels = 0.0
+    if per_host > 1 and hosts > 1:
+        levels = ((2 * p + hosts) * store.op + p * per_host * store.record / store.bw
+                  + max(0.01, per_host * 2e-5))
+    rounds = math.ceil(math.log2(p)) if p > 1 else 0
+    first = rounds * 2 * link.alpha + two_level(4096, hosts, per_host, link)
+    return store.base + world + levels + first
+
+
 def piece_bytes(s: float, hosts: int, per_host: int) -> float:
     """The pipeline's piece size for ``s`` bytes (as the engine picks it).
 
@@ -204,6 +266,13 @@ def main() -> None:
     ap.add_argument("--per-host", type=int, default=2)
     ap.add_argument("--hosts", default="2,3,4,16,64,256")
     ap.add_argument("--sizes", default="4096,1048576,67108864,1073741824")
+    ap.add_argument("--store-op-us", type=float, default=10.0,
+                    help="the store server's time per operation")
+    ap.add_argument("--store-gbs", type=float, default=1.0, help="GB/s the store server sends")
+    ap.add_argument("--record-bytes", type=float, default=7.0,
+                    help="compressed bytes of one rank's record in a table")
+    ap.add_argument("--base-ms", type=float, default=20.0,
+                    help="a process's own work to set the world up")
     a = ap.parse_args()
     rate = parse_rate(a.rate)
     if rate is None:
@@ -212,8 +281,18 @@ def main() -> None:
     print(f"all_reduce, {a.per_host} ranks per host, links {a.rate} each way, alpha "
           f"{a.alpha_us:g} us, o {a.o_us:g} us, {a.mem_gbs:g} GB/s per rank; ms")
     print()
-    print(table(link, a.per_host, [int(h) for h in a.hosts.split(",")],
-                [int(s) for s in a.sizes.split(",")]))
+    hosts = [int(h) for h in a.hosts.split(",")]
+    print(table(link, a.per_host, hosts, [int(s) for s in a.sizes.split(",")]))
+    store = Store(a.store_op_us * 1e-6, a.store_gbs * 1e9, a.record_bytes, a.base_ms * 1e-3)
+    print()
+    print(f"start-up (last rank's init_process_group to its first 4 KiB all_reduce), s; "
+          f"store {a.store_op_us:g} us per operation, {a.store_gbs:g} GB/s, "
+          f"{a.record_bytes:g} bytes per record")
+    print()
+    print("| H | p | start-up s |")
+    print("|---:|---:|---:|")
+    for h in hosts:
+        print(f"| {h} | {h * a.per_host} | {start_up(h, a.per_host, link, store):.3g} |")
 
 
 if __name__ == "__main__":
