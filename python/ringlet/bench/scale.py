@@ -229,10 +229,14 @@ def main() -> None:
                    help="network-namespace hosts of L ranks each on a bridge (as root) "
                         "instead of logical hosts")
     p.add_argument("--rate", default="none", help="with --netns: each host link's tc rate")
+    p.add_argument("--only", default="", help="comma list of rows to run (ringlet, gloo, "
+                   "'gloo lazy'): all by default")
     args = p.parse_args()
     ways = [("ringlet", "ringlet", {}), ("gloo", "gloo", {})]
     if args.gloo_lazy:
         ways.append(("gloo lazy", "gloo", {"TORCH_GLOO_LAZY_INIT": "1"}))
+    if args.only:
+        ways = [w for w in ways if w[0] in args.only.split(",")]
     print("| ranks | backend | init s | init, last arrival s | new_group s | store ops | "
           "sockets | 4 KiB µs | 1 MiB µs |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
