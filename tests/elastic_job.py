@@ -4,9 +4,10 @@
 Full-batch gradient descent on a least-squares problem, data-parallel over
 the ranks of the current round: rank r takes rows r, r + world, ... of the
 batch, the gradients are summed with ``dist.all_reduce`` on the ringlet
-backend, so each step's result does not depend on the world size. Rank 0
-checkpoints after every step; a worker that starts (first or after a
-restart) resumes from the checkpoint.
+backend, so each step's result does not depend on the world size. Every
+step ends with a ``torch.distributed.checkpoint`` save (every rank takes
+part, over ringlet); a worker that starts (first or after a restart) loads
+the newest complete one, written by a world of another size.
 
 The test paces the steps through ``release`` (the number of steps the job
 may have done; a worker polls it between steps) and reads ``progress``
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 import ringlet  # noqa: F401  (registers the "ringlet" backend)
 
@@ -53,12 +55,13 @@ def main() -> None:
     host = os.environ.get("RINGLET_HOST_ID", "")
     (work / "pids").mkdir(exist_ok=True)
     (work / "pids" / f"{host}.{os.getpid()}").touch()  # the test kills a host's workers
-    ckpt = work / "ckpt.pt"
     x, y = problem()
-    w, step = torch.zeros(COLS, dtype=torch.float64), 0
-    if ckpt.exists():
-        saved = torch.load(ckpt)
-        w, step = saved["w"], int(saved["step"])
+    state = {"w": torch.zeros(COLS, dtype=torch.float64),
+             "step": torch.zeros((), dtype=torch.int64)}
+    done = sorted(int(p.name[5:]) for p in work.glob("step-*") if (p / ".metadata").exists())
+    if done:  # the newest complete checkpoint (a save the crash cut short has no .metadata)
+        dcp.load(state, checkpoint_id=str(work / f"step-{done[-1]}"))
+    w, step = state["w"], int(state["step"])
     if rank == 0:
         log(work / "progress", event="start", attempt=attempt, world=world, step=step,
             host=host)
@@ -72,9 +75,8 @@ def main() -> None:
         dist.all_reduce(grad)
         w = w - LR * grad / ROWS
         step += 1
+        dcp.save({"w": w, "step": torch.tensor(step)}, checkpoint_id=str(work / f"step-{step}"))
         if rank == 0:
-            torch.save({"w": w, "step": step}, work / "ckpt.tmp")
-            os.replace(work / "ckpt.tmp", ckpt)
             log(work / "progress", event="step", attempt=attempt, world=world, step=step)
     if rank == 0:
         torch.save(w, work / "result.pt")

@@ -2,7 +2,7 @@
 --rdzv-backend c10d`` with two ranks per host (logical hosts, by
 ``RINGLET_HOST_ID``), on the ringlet backend. A host is killed (its agent and
 workers, SIGKILL: a crashed machine), the survivors restart in a world of
-one host and resume from the last checkpoint; a new host joins, and the job
+one host and resume from the last ``torch.distributed.checkpoint``; a new host joins, and the job
 restarts in a world of two hosts again and finishes. The result equals plain
 torch's, every round started clean, and no shared-memory segment is left."""
 
