@@ -433,14 +433,30 @@ impl TcpMesh {
             return Ok(false);
         };
         let mut hellos = lazy.hellos.borrow_mut();
+        let mut added = false;
         loop {
             match lazy.listener.accept() {
                 Ok((s, _)) => {
-                    if s.set_nonblocking(true).is_ok() {
-                        if hellos.len() >= MAX_PENDING_HELLOS {
-                            hellos.remove(0);
+                    if s.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    // A dialer sends its hello with the connection: read it
+                    // now, so that many peers dialing at once (a root's
+                    // first broadcast on a large group) never fill the list
+                    // of hellos still on their way.
+                    let mut h = Hello::new(s);
+                    match h.progress(lazy.token, self.rank, self.size(), |p| self.connected(p)) {
+                        HelloState::Waiting => {
+                            if hellos.len() >= MAX_PENDING_HELLOS {
+                                hellos.remove(0);
+                            }
+                            hellos.push(h);
                         }
-                        hellos.push(Hello::new(s));
+                        HelloState::Rejected => {}
+                        HelloState::Peer(peer) => {
+                            self.adopt(peer, h.stream, timeout)?;
+                            added = true;
+                        }
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -449,7 +465,6 @@ impl TcpMesh {
                 Err(e) => return Err(Error::io("accept", e)),
             }
         }
-        let mut added = false;
         let mut i = 0;
         while i < hellos.len() {
             match hellos[i].progress(lazy.token, self.rank, self.size(), |p| self.connected(p)) {
@@ -1395,5 +1410,36 @@ mod tests {
             );
             assert!(*took < Duration::from_secs(5), "rank {rank}: {took:?}");
         }
+    }
+
+    #[test]
+    fn many_peers_dialing_one_rank_at_once_all_get_through() {
+        // 79 ranks dial rank 0 together, more than the hellos it keeps
+        // waiting at once (MAX_PENDING_HELLOS): each hello is read as its
+        // connection is accepted, so none is dropped for a later one
+        let p = 80;
+        let t = Duration::from_secs(30);
+        let out = meshes_of(p, true, |rank, mesh| {
+            if rank == 0 {
+                let mut got = vec![[0u8; 8]; p];
+                let mut x: Vec<Xfer> = got
+                    .iter_mut()
+                    .enumerate()
+                    .skip(1)
+                    .map(|(q, b)| Xfer::recv(q, b))
+                    .collect();
+                mesh.transfer(&mut x, "gather", t).expect("gather");
+                drop(x);
+                got.iter()
+                    .enumerate()
+                    .skip(1)
+                    .all(|(q, b)| *b == (q as u64).to_le_bytes())
+            } else {
+                let mine = (rank as u64).to_le_bytes();
+                mesh.transfer(&mut [Xfer::send(0, &mine)], "gather", t)
+                    .is_ok()
+            }
+        });
+        assert!(out.iter().all(|ok| *ok), "{out:?}");
     }
 }
