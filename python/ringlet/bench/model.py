@@ -139,14 +139,12 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store) -> float:
       >>> start_up(1024, 8, Link(12.5e9, 10e-6, 2e-6, 8e9), Store(30e-6, 1e9, 120, 0.02))
     """
     p = hosts * per_host
-    def poll(waiters: int) -> float:  # runtime._await's longest pause
-        return max(0.01, waiters * 2e-5)
-
-    world = (2 * p + 1) * store.op + p * p * store.record / store.bw + poll(p)
+    poll = max(0.01, p * 2e-5)  # runtime._await's longest pause
+    world = (2 * p + 1) * store.op + p * p * store.record / store.bw + poll
     levels = 0.0
     if per_host > 1 and hosts > 1:
         levels = ((2 * p + hosts) * store.op + p * per_host * store.record / store.bw
-                  + poll(per_host))
+                  + max(0.01, per_host * 2e-5))
     rounds = math.ceil(math.log2(p)) if p > 1 else 0
     first = rounds * 2 * link.alpha + two_level(4096, hosts, per_host, link)
     return store.base + world + levels + first

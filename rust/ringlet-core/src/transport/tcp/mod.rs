@@ -264,12 +264,34 @@ impl TcpMesh {
         let mut missing = size - rank - 1;
         let mut pending: Vec<Hello> = Vec::new();
         while missing > 0 {
-            let arrived = accept_hellos(listener, &mut pending, token, rank, size, |p| {
-                streams[p].is_some()
-            })?;
-            for (peer, s) in arrived {
-                streams[peer] = Some(s);
-                missing -= 1;
+            loop {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        if s.set_nonblocking(true).is_ok() {
+                            if pending.len() >= MAX_PENDING_HELLOS {
+                                pending.remove(0);
+                            }
+                            pending.push(Hello::new(s));
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
+                    Err(e) => return Err(Error::io("accept", e)),
+                }
+            }
+            let mut i = 0;
+            while i < pending.len() {
+                match pending[i].progress(token, rank, size, |p| streams[p].is_some()) {
+                    HelloState::Waiting => i += 1,
+                    HelloState::Rejected => {
+                        pending.swap_remove(i);
+                    }
+                    HelloState::Peer(peer) => {
+                        streams[peer] = Some(pending.swap_remove(i).stream);
+                        missing -= 1;
+                    }
+                }
             }
             if missing == 0 {
                 break;
@@ -410,17 +432,51 @@ impl TcpMesh {
         let Some(lazy) = &self.lazy else {
             return Ok(false);
         };
-        let arrived = accept_hellos(
-            &lazy.listener,
-            &mut lazy.hellos.borrow_mut(),
-            lazy.token,
-            self.rank,
-            self.size(),
-            |p| self.connected(p),
-        )?;
-        let added = !arrived.is_empty();
-        for (peer, s) in arrived {
-            self.adopt(peer, s, timeout)?;
+        let mut hellos = lazy.hellos.borrow_mut();
+        let mut added = false;
+        loop {
+            match lazy.listener.accept() {
+                Ok((s, _)) => {
+                    if s.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    // A dialer sends its hello with the connection: read it
+                    // now, so that many peers dialing at once (a root's
+                    // first broadcast on a large group) never fill the list
+                    // of hellos still on their way.
+                    let mut h = Hello::new(s);
+                    match h.progress(lazy.token, self.rank, self.size(), |p| self.connected(p)) {
+                        HelloState::Waiting => {
+                            if hellos.len() >= MAX_PENDING_HELLOS {
+                                hellos.remove(0);
+                            }
+                            hellos.push(h);
+                        }
+                        HelloState::Rejected => {}
+                        HelloState::Peer(peer) => {
+                            self.adopt(peer, h.stream, timeout)?;
+                            added = true;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
+                Err(e) => return Err(Error::io("accept", e)),
+            }
+        }
+        let mut i = 0;
+        while i < hellos.len() {
+            match hellos[i].progress(lazy.token, self.rank, self.size(), |p| self.connected(p)) {
+                HelloState::Waiting => i += 1,
+                HelloState::Rejected => {
+                    hellos.swap_remove(i);
+                }
+                HelloState::Peer(peer) => {
+                    self.adopt(peer, hellos.swap_remove(i).stream, timeout)?;
+                    added = true;
+                }
+            }
         }
         Ok(added)
     }
@@ -1093,66 +1149,6 @@ fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpSt
             }
         }
     }
-}
-
-/// Accepts the connections waiting on `listener` and reads the hellos of
-/// those and of `pending` (connections whose hello is on its way), without
-/// blocking; the higher ranks that said a good hello, each once, with their
-/// streams. A hello is read as its connection is accepted, so many peers
-/// dialing at once (a large group's broadcast root) never overflow
-/// `pending` (at most `MAX_PENDING_HELLOS`, the oldest dropped).
-fn accept_hellos(
-    listener: &TcpListener,
-    pending: &mut Vec<Hello>,
-    token: u64,
-    rank: usize,
-    size: usize,
-    connected: impl Fn(usize) -> bool,
-) -> Result<Vec<(usize, TcpStream)>> {
-    let mut arrived: Vec<(usize, TcpStream)> = Vec::new();
-    let hear = |h: &mut Hello, arrived: &[(usize, TcpStream)]| {
-        h.progress(token, rank, size, |p| {
-            connected(p) || arrived.iter().any(|(q, _)| *q == p)
-        })
-    };
-    loop {
-        match listener.accept() {
-            Ok((s, _)) => {
-                if s.set_nonblocking(true).is_err() {
-                    continue;
-                }
-                let mut h = Hello::new(s);
-                match hear(&mut h, &arrived) {
-                    HelloState::Waiting => {
-                        if pending.len() >= MAX_PENDING_HELLOS {
-                            pending.remove(0);
-                        }
-                        pending.push(h);
-                    }
-                    HelloState::Rejected => {}
-                    HelloState::Peer(peer) => arrived.push((peer, h.stream)),
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
-            Err(e) => return Err(Error::io("accept", e)),
-        }
-    }
-    let mut i = 0;
-    while i < pending.len() {
-        match hear(&mut pending[i], &arrived) {
-            HelloState::Waiting => i += 1,
-            HelloState::Rejected => {
-                pending.swap_remove(i);
-            }
-            HelloState::Peer(peer) => {
-                let h = pending.swap_remove(i);
-                arrived.push((peer, h.stream));
-            }
-        }
-    }
-    Ok(arrived)
 }
 
 /// Sends the hello that identifies this rank on a new connection.
