@@ -512,9 +512,11 @@ def _lifecycle_job(rank: int, world: int, ports: list[int], path: str) -> list:
     seen.append(t.tolist())
     seen.append(ringlet.all_reduce("sum", torch.ones(2)).tolist())
     dist.destroy_process_group()
-    # init again after destroy, with a mixed backend string.
+    # init again after destroy, with a mixed backend string, on a new port: on
+    # the old one a rank done destroying may reach the peer's old store, still
+    # up until that peer destroys its group too, and wait on the new one forever
     dist.init_process_group(
-        "cpu:ringlet", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "cpu:ringlet", init_method=f"tcp://127.0.0.1:{ports[3]}", rank=rank, world_size=world
     )
     t = torch.ones(2) * 3
     dist.all_reduce(t)
@@ -540,7 +542,7 @@ def _lifecycle_job(rank: int, world: int, ports: list[int], path: str) -> list:
 
 
 def test_init_destroy_init_beside_ringlet_init(tmp_path) -> None:
-    ports = [free_port() for _ in range(3)]  # each its own: a neighbour port may be taken
+    ports = [free_port() for _ in range(4)]  # each its own: a neighbour port may be taken
     out = launch(2, _lifecycle_job, ports, str(tmp_path / "store"), init=False, timeout=120)
     for r in range(2):
         assert out[r] == [[2.0, 2.0], [2.0, 2.0], [6.0, 6.0], [10.0, 10.0], [14.0, 14.0], []]

@@ -210,7 +210,10 @@ impl WaitPolicy {
 //    (`answer_blame`); a rank that was stopped meanwhile takes the blame
 //    for a timeout whoever the notice names;
 // 3. a rank that blamed a peer then waits up to a grace for that peer's
-//    notice and adopts the rank it names, along the chain (`follow_blame`).
+//    notice and adopts the rank it names, along the chain (`follow_blame`),
+//    except a notice naming this rank when this rank timed out itself,
+//    running, and one pointing back into the chain: both relay a verdict
+//    that a rank stopped unawares read from another's notice.
 
 /// How long a rank that timed out waits for a notice before it blames the
 /// peer it waited for, and then for the blamed rank's answer.
@@ -288,6 +291,26 @@ pub(crate) fn answer_blame(
     }
 }
 
+/// [`answer_blame`] after an operation that completed: `e` came from a
+/// peer's notice read once the operation was done, and `stalled` tells
+/// whether this process was stopped during it. A stopped rank takes the
+/// blame for a timeout the notice puts on another rank: its peers timed
+/// out waiting, directly or through others, on it.
+pub(crate) fn answer_blame_after(
+    e: Error,
+    rank: usize,
+    me: usize,
+    op: &'static str,
+    stalled: bool,
+) -> Error {
+    match e {
+        Error::Timeout {
+            peer, via: Some(v), ..
+        } if stalled && peer != me => Error::from_notice(rank, v, op, me, Cause::TimedOut),
+        e => e,
+    }
+}
+
 /// Rule 3: after this rank blamed a rank for a timeout (`e`, global ranks)
 /// and told its peers, waits up to the grace for the blamed rank's own
 /// notice (`await_notice(group rank, deadline)`) and, when it names another
@@ -302,6 +325,10 @@ pub(crate) fn follow_blame(
     mut await_notice: impl FnMut(usize, Instant) -> Option<(usize, Cause)>,
 ) -> Error {
     let me = members.get(rank).copied().unwrap_or(rank);
+    // this rank timed out waiting itself, running all along (a rank that
+    // was stopped meanwhile reads its peers' notices first): the chain
+    // cannot end here, whatever a notice relayed by another says
+    let first_hand = matches!(e, Error::Timeout { via: None, .. });
     let deadline = Instant::now() + grace(timeout);
     let mut seen = vec![me];
     while let Some((culprit, Cause::TimedOut)) = e.origin(me) {
@@ -313,6 +340,12 @@ pub(crate) fn follow_blame(
             break;
         };
         match await_notice(x, deadline) {
+            // a notice that points back into the chain (not at this rank)
+            // relays a verdict already on it: the rank that sent it only
+            // read a notice meanwhile, as a rank that was stopped does,
+            // and the chain ends at the rank reached last
+            Some((next, _)) if next != me && seen.contains(&next) => break,
+            Some((next, _)) if next == me && first_hand => break,
             Some((next, cause)) if next != culprit => {
                 // the chain may end at this rank: it was stopped before
                 // its collective began, and reads first the notice of a
@@ -407,6 +440,90 @@ mod tests {
             answer_blame(lost, 2, 2, 1, "all_reduce", &w),
             Error::PeerLost { peer: 3, .. }
         ));
+    }
+
+    #[test]
+    fn a_rank_stopped_during_a_finished_operation_takes_the_blame() {
+        let notice = || Error::from_notice(2, 0, "all_reduce", 3, Cause::TimedOut);
+        let blamed = |e: Error| match e {
+            Error::Timeout { peer, via, .. } => (peer, via),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            blamed(answer_blame_after(notice(), 2, 2, "all_reduce", false)),
+            (3, Some(0))
+        );
+        assert_eq!(
+            blamed(answer_blame_after(notice(), 2, 2, "all_reduce", true)),
+            (2, Some(0))
+        );
+        let lost = Error::from_notice(2, 0, "all_reduce", 3, Cause::Exited);
+        assert!(matches!(
+            answer_blame_after(lost, 2, 2, "all_reduce", true),
+            Error::PeerLost { peer: 3, .. }
+        ));
+    }
+
+    #[test]
+    fn a_rank_that_timed_out_itself_is_not_the_end_of_the_chain() {
+        // global rank 3 waited on rank 2, running, and blamed it; rank 2,
+        // stopped unawares, relayed a notice naming 3: rank 3 keeps 2
+        let members = [0, 1, 2, 3];
+        let e = Error::timeout(3, 2, "all_reduce", Duration::from_secs(2));
+        let end = follow_blame(
+            e,
+            3,
+            &members,
+            Duration::from_secs(2),
+            "w",
+            "all_reduce",
+            |_, _| Some((3, Cause::TimedOut)),
+        );
+        assert!(
+            matches!(
+                end,
+                Error::Timeout {
+                    peer: 2,
+                    via: None,
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+    }
+
+    #[test]
+    fn a_notice_pointing_back_into_the_chain_ends_it() {
+        // global rank 1 blamed rank 3 (it waited on 3); rank 3's notice
+        // names rank 2 (3 waited on 2); rank 2, stopped, relayed a notice
+        // naming 3 once it resumed: the chain ends at 2, not back at 3
+        let members = [0, 1, 2, 3];
+        let e = Error::timeout(1, 3, "all_reduce", Duration::from_secs(2));
+        let mut asked = vec![];
+        let end = follow_blame(
+            e,
+            1,
+            &members,
+            Duration::from_secs(2),
+            "w",
+            "all_reduce",
+            |x, _| {
+                asked.push(x);
+                Some((if x == 3 { 2 } else { 3 }, Cause::TimedOut))
+            },
+        );
+        assert_eq!(asked, [3, 2]);
+        assert!(
+            matches!(
+                end,
+                Error::Timeout {
+                    peer: 2,
+                    via: Some(3),
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
     }
 
     #[test]

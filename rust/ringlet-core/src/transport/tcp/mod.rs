@@ -204,6 +204,13 @@ pub struct TcpMesh {
     /// The last bytes received from each peer: when a stream ends, they hold
     /// the peer's abort notice if it sent one.
     tails: Vec<Cell<[u8; NOTICE_BYTES]>>,
+    /// This process was stopped during a wait since the last `check_peers`
+    /// (see [`Waiting`]).
+    stalled: Cell<bool>,
+    /// The last turn of a wait in the current operation, with the grace:
+    /// a stop between two waits of one operation, or after its last wait,
+    /// shows as a gap from it.
+    last_turn: Cell<Option<(Instant, Duration)>>,
     wire: Arc<Tripwire>,
     /// Global rank of each group rank (empty: the same numbers). Notices
     /// name global ranks.
@@ -321,6 +328,8 @@ impl TcpMesh {
         Ok(TcpMesh {
             rank,
             tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
+            stalled: Cell::new(false),
+            last_turn: Cell::new(None),
             streams: streams
                 .into_iter()
                 .map(|s| s.map_or_else(OnceCell::new, OnceCell::from))
@@ -357,6 +366,8 @@ impl TcpMesh {
         Ok(TcpMesh {
             rank,
             tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
+            stalled: Cell::new(false),
+            last_turn: Cell::new(None),
             streams: (0..size).map(|_| OnceCell::new()).collect(),
             lazy: Some(Lazy {
                 listener,
@@ -756,6 +767,9 @@ impl TcpMesh {
         };
         let mut last_probe = Instant::now();
         let mut w = Waiting::new(timeout);
+        if self.gap_since_last_turn() {
+            w.stalled = true;
+        }
         let late = |xfers: &[Xfer<'_>]| {
             xfers
                 .iter()
@@ -767,6 +781,10 @@ impl TcpMesh {
                 return Err(self.wire.fault());
             }
             w.tick();
+            self.last_turn.set(Some((Instant::now(), w.grace)));
+            if w.stalled {
+                self.stalled.set(true);
+            }
             let mut progressed = false;
             if self.lazy.is_some() && unconnected(xfers).is_some() {
                 progressed |= self.accept_higher(timeout)?;
@@ -957,6 +975,8 @@ impl TcpMesh {
     /// peer that finished and shut down normally (or died after doing its
     /// part) is no failure of this operation.
     pub fn check_peers(&self, op: &'static str) -> Result<()> {
+        let stalled = self.gap_since_last_turn() | self.stalled.replace(false);
+        self.last_turn.set(None);
         let (peers, mut fds) = self.hangup_pollfds();
         sys::poll(&mut fds, Duration::ZERO)?;
         for (i, p) in fds.iter().enumerate() {
@@ -975,13 +995,28 @@ impl TcpMesh {
                             }
                         ) =>
                     {
-                        return Err(e)
+                        let me = self.global(self.rank);
+                        return Err(super::answer_blame_after(e, self.rank, me, op, stalled));
                     }
                     _ => {}
                 }
             }
         }
         Ok(())
+    }
+
+    /// True (and remembered until `check_peers`) when more than the grace
+    /// went by since the current operation's last turn of a wait: this
+    /// process was stopped between its waits.
+    fn gap_since_last_turn(&self) -> bool {
+        let gap = self
+            .last_turn
+            .get()
+            .is_some_and(|(t, grace)| t.elapsed() >= grace);
+        if gap {
+            self.stalled.set(true);
+        }
+        gap
     }
 
     /// Moves as many bytes as the socket takes now; true if any moved.
