@@ -26,6 +26,16 @@ out = Path(os.environ["RINGLET_TEST_OUT"])
 # more than one piece for 4-byte elements.
 COUNTS = (0, 1, 7, 70001, 300007)
 DTYPES = (torch.float32, torch.bfloat16, torch.float64, torch.int8, torch.int64, torch.bool)
+C10D_DTYPES = (torch.float32, torch.bfloat16, torch.int32)
+C10D_COUNTS = (3, 300007)
+# Many hosts on two cores (RINGLET_TEST_MANY=1): one dtype per class (float,
+# half, integer, bool) and smaller counts, then one pipelined all-reduce.
+MANY = os.environ.get("RINGLET_TEST_MANY") == "1"
+if MANY:
+    COUNTS = (0, 7, 20001)
+    DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
+    C10D_DTYPES = (torch.float32, torch.int32)
+    C10D_COUNTS = (3, 20001)
 
 
 def write(name: str, value: object) -> None:
@@ -57,6 +67,10 @@ def check_xla_api(r: int, n: int) -> None:
                 got = ringlet.reduce_scatter("sum", full[r], 1.0, 0, n)
                 want = reduce("sum", full).view(n, -1)[r] if count else full[0][:0]
                 assert_matches(got, want, f"reduce_scatter {dtype} {count}")
+    if MANY:
+        inputs = [make_input(torch.float32, q, 300007, salt=9) for q in range(n)]
+        got = ringlet.all_reduce("sum", inputs[r])
+        assert_matches(got, reduce("sum", inputs), "pipelined all_reduce")
     a2a = ringlet.all_to_all(torch.arange(n * 3.0) + 10 * r, 0, 0, n)
     assert torch.equal(a2a, torch.cat([torch.arange(3.0) + 3 * r + 10 * q for q in range(n)]))
     g = ringlet.all_reduce("sum", torch.tensor([float(r)]), groups=[[q] for q in range(n)])
@@ -84,8 +98,8 @@ def check_xla_api(r: int, n: int) -> None:
 
 
 def check_c10d(r: int, n: int) -> list[list[int]] | None:
-    for dtype in (torch.float32, torch.bfloat16, torch.int32):
-        for count in (3, 300007):
+    for dtype in C10D_DTYPES:
+        for count in C10D_COUNTS:
             inputs = [make_input(dtype, q, count, salt=11) for q in range(n)]
             t = inputs[r].clone()
             dist.all_reduce(t)

@@ -1,6 +1,7 @@
 """Real hosts: network namespaces (a veth pair for two, a bridge for three),
 one torchrun node in each. Every collective is checked against plain torch on
-the two-level paths for even, uneven and three-host layouts; then, on two
+the two-level paths for even, uneven and three-host layouts, and on sixteen
+one-rank hosts on a bridge (one dtype per class there); then, on two
 hosts, the link is cut in the middle of pipelined all-reduces and every rank
 must name a rank across the cut within the timeout. Needs root (CI runs as
 root); skipped with the reason otherwise."""
@@ -71,9 +72,11 @@ def _check_ok(ok: dict[int, dict], layout: list[int]) -> None:
     for lh in layout:
         hosts.append(list(range(at, at + lh)))
         at += lh
+    # one rank per host: no second level (flat TCP), and no layout attached
+    levels = None if all(lh == 1 for lh in layout) else hosts
     for r, o in ok.items():
-        assert o["layout"] == hosts and o["engine_layout"] == hosts, o
-        assert o["c10d_layout"] == hosts, o
+        assert o["layout"] == hosts and o["engine_layout"] == levels, o
+        assert o["c10d_layout"] == levels, o
         assert o["transport"] == "tcp", o
         mine = next(g for g in hosts if r in g)
         for q in range(sum(layout)):
@@ -82,7 +85,8 @@ def _check_ok(ok: dict[int, dict], layout: list[int]) -> None:
                 assert o["peers"][str(q)].startswith(want), (r, q, o)
 
 
-@pytest.mark.parametrize("layout", [[2, 2, 2], [1, 3]], ids=["3hosts-bridge", "uneven-1+3"])
+@pytest.mark.parametrize("layout", [[2, 2, 2], [1, 3], [1] * 16],
+                         ids=["3hosts-bridge", "uneven-1+3", "16hosts-bridge"])
 def test_collectives_across_namespace_hosts(layout: list[int]) -> None:
     why = netns.why_not(rate=False)
     if why:
@@ -90,8 +94,10 @@ def test_collectives_across_namespace_hosts(layout: list[int]) -> None:
     before = shm_entries()
     out = Path(tempfile.mkdtemp(prefix="ringlet-netns-"))
     n = sum(layout)
+    # 16 hosts: every collective, one dtype per class (32 processes on 2 cores)
+    env = {"RINGLET_TIMEOUT": "60", **({"RINGLET_TEST_MANY": "1"} if n > 8 else {})}
     with netns.Hosts(len(layout), rate=None, tag="rltest") as net:
-        procs = _launch(net, layout, out, {"RINGLET_TIMEOUT": "60"})
+        procs = _launch(net, layout, out, env)
         try:
             _wait_for(out, [f"ok{r}.json" for r in range(n)], time.monotonic() + 300, procs)
             for p in procs:
