@@ -767,9 +767,7 @@ impl TcpMesh {
         };
         let mut last_probe = Instant::now();
         let mut w = Waiting::new(timeout);
-        if self.gap_since_last_turn() {
-            w.stalled = true;
-        }
+        w.stalled = self.stopped_since_last_turn();
         let late = |xfers: &[Xfer<'_>]| {
             xfers
                 .iter()
@@ -975,7 +973,8 @@ impl TcpMesh {
     /// peer that finished and shut down normally (or died after doing its
     /// part) is no failure of this operation.
     pub fn check_peers(&self, op: &'static str) -> Result<()> {
-        let stalled = self.gap_since_last_turn() | self.stalled.replace(false);
+        self.stopped_since_last_turn();
+        let stalled = self.stalled.replace(false);
         self.last_turn.set(None);
         let (peers, mut fds) = self.hangup_pollfds();
         sys::poll(&mut fds, Duration::ZERO)?;
@@ -1008,7 +1007,7 @@ impl TcpMesh {
     /// True (and remembered until `check_peers`) when more than the grace
     /// went by since the current operation's last turn of a wait: this
     /// process was stopped between its waits.
-    fn gap_since_last_turn(&self) -> bool {
+    fn stopped_since_last_turn(&self) -> bool {
         let gap = self
             .last_turn
             .get()
