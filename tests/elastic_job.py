@@ -15,7 +15,10 @@ may have done; a worker polls it between steps) and reads ``progress``
 collective raise: the worker exits with an error, and torchrun restarts the
 workers in the new world.
 
-Usage: python elastic_job.py WORKDIR TOTAL_STEPS
+Usage: python elastic_job.py WORKDIR TOTAL_STEPS TIMEOUT_S
+
+TIMEOUT_S is the process group's timeout: how long a survivor waits for a
+host whose link went down (a crashed process resets its connections at once).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -49,7 +53,7 @@ def log(path: Path, **record: object) -> None:
 
 def main() -> None:
     work, total = Path(sys.argv[1]), int(sys.argv[2])
-    dist.init_process_group("ringlet")
+    dist.init_process_group("ringlet", timeout=timedelta(seconds=float(sys.argv[3])))
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     host = os.environ.get("RINGLET_HOST_ID", "")
@@ -64,7 +68,7 @@ def main() -> None:
     w, step = state["w"], int(state["step"])
     if rank == 0:
         log(work / "progress", event="start", attempt=attempt, world=world, step=step,
-            host=host)
+            host=host, master=os.environ["MASTER_ADDR"])
     mine = slice(rank, ROWS, world)
     while step < total:
         # the test says how far the job may go
