@@ -92,9 +92,17 @@ def test_bench_scale_reports_both_backends() -> None:
                           "--repeat", "1", "--iters", "5"],
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
-    rows = [ln.split("|") for ln in res.stdout.splitlines() if ln.startswith("| 2 |")]
+    main, phases = res.stdout.split("\n\n", 1)
+    rows = [ln.split("|") for ln in main.splitlines() if ln.startswith("| 2 |")]
     assert [r[2].strip() for r in rows] == ["ringlet", "gloo"], res.stdout
     ours = rows[0]
     # start-up (slowest rank, then the last arrival's, no more than it), store operations
     assert float(ours[3]) >= float(ours[4]) > 0 and 2 <= int(ours[6]) <= 3, res.stdout
     assert all(float(c) > 0 for r in rows for c in r[8:10]), res.stdout  # 4 KiB, 1 MiB
+    # the last arrival's start-up by phase: the phases add up to its total,
+    # the start-up column of the first table (s there, ms here)
+    row = next(ln for ln in phases.splitlines() if ln.startswith("| 2 |")).split("|")
+    before, exchange, first, total = (float(c) for c in row[2:6])
+    assert min(before, exchange, first) >= 0, phases
+    assert abs(before + exchange + first - total) <= 0.3, phases
+    assert abs(total - 1e3 * float(ours[4])) <= 0.6, res.stdout

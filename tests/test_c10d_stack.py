@@ -649,3 +649,32 @@ def test_torch_stack_deeper_on_ringlet_equals_gloo() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = launch(4, _deep_job, free_port(), tmp, init=False, timeout=300)
     assert set(out.values()) == {"ok"}
+
+
+_SHARDED_FIX = """
+import sys, torch
+import ringlet.distributed.c10d as c
+{before}
+c._sharded_tensors_on_cpu_when_used()   # what creating a ringlet group does
+assert ("torch.distributed._shard.sharded_tensor" in sys.modules) == {loaded}
+import torch.distributed.checkpoint     # imports the sharded tensors
+from torch.distributed._shard.sharded_tensor.api import _SHARDED_OPS
+op = _SHARDED_OPS[torch.Tensor.device.__get__]
+assert op.__module__ == "ringlet.distributed.c10d", op
+assert c._sharded_hook is None and c._sharded_hook not in sys.meta_path
+print("ok")
+"""
+
+
+def test_sharded_tensor_device_fix_applies_whenever_they_are_imported() -> None:
+    # creating a group no longer imports torch's sharded tensors (15 ms of
+    # every rank's start-up); the fix applies when they load, before or after
+    import subprocess
+    import sys
+
+    for before, loaded in (("", False),
+                           ("import torch.distributed._shard.sharded_tensor", True)):
+        code = _SHARDED_FIX.format(before=before, loaded=loaded)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

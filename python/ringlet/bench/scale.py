@@ -110,19 +110,29 @@ def worker(out: str, backend: str, iters: int) -> None:
     from ringlet import runtime
 
     counts: Counter[str] = Counter()
+    marks: dict[str, float] = {}
     if backend == "ringlet":
         real = runtime._exchange
 
         def counting(store: Any, *a: Any, **k: Any) -> Any:
-            return real(CountingStore(store, counts), *a, **k)
+            marks.setdefault("exchange", time.perf_counter())  # the world's is the first
+            got = real(CountingStore(store, counts), *a, **k)
+            marks.setdefault("table", time.perf_counter())
+            return got
 
         runtime._exchange = counting  # type: ignore[assignment]
     t = torch.ones(1024)
     t0 = time.perf_counter()
     dist.init_process_group(backend)
     dist.all_reduce(t)
-    init_s = time.perf_counter() - t0
+    done = time.perf_counter()
+    init_s = done - t0
     world_ops = store_ops(counts)
+    # ringlet's start-up by phase: torch's part and the Backend's before the
+    # address exchange, the exchange (set the record, wait for the table),
+    # and connecting + the first all_reduce
+    phases = {"before_s": marks["exchange"] - t0, "exchange_s": marks["table"] - marks["exchange"],
+              "first_s": done - marks["table"]} if "table" in marks else {}
     t0 = time.perf_counter()
     g = dist.new_group(backend=backend)
     dist.all_reduce(t, group=g)
@@ -141,7 +151,7 @@ def worker(out: str, backend: str, iters: int) -> None:
             samples.append((time.perf_counter() - a) / reps)
         times[size] = statistics.median(samples)
     row = {"rank": rank, "init_s": init_s, "group_s": group_s, "store_ops": world_ops,
-           "sockets": _sockets(), **{f"us_{s}": v * 1e6 for s, v in times.items()}}
+           "sockets": _sockets(), **{f"us_{s}": v * 1e6 for s, v in times.items()}, **phases}
     dist.destroy_process_group()
     with open(out, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -149,9 +159,13 @@ def worker(out: str, backend: str, iters: int) -> None:
 
 def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
     """The maximum over ranks of each number, and the start-up of the rank
-    that arrived last (the least: it waited for no one's arrival)."""
-    out = {k: max(r[k] for r in rows) for k in rows[0] if k != "rank"}
-    out["init_last_s"] = min(r["init_s"] for r in rows)
+    that arrived last (the least: it waited for no one's arrival), with its
+    phases (ringlet: ``last_before_s``, ``last_exchange_s``, ``last_first_s``)."""
+    phases = ("before_s", "exchange_s", "first_s")
+    out = {k: max(r[k] for r in rows) for k in rows[0] if k != "rank" and k not in phases}
+    last = min(rows, key=lambda r: r["init_s"])
+    out["init_last_s"] = last["init_s"]
+    out.update({f"last_{k}": last[k] for k in phases if k in last})
     return out
 
 
@@ -240,6 +254,7 @@ def main() -> None:
     print("| ranks | backend | init s | init, last arrival s | new_group s | store ops | "
           "sockets | 4 KiB µs | 1 MiB µs |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    phased: list[tuple[int, list[dict[str, float]]]] = []
     for n in (int(x) for x in args.ranks.split(",")):
         got: dict[str, list[dict[str, float]]] = {w[0]: [] for w in ways}
         with contextlib.ExitStack() as stack:
@@ -268,6 +283,21 @@ def main() -> None:
                   f"{med('group_s'):.3f} | {ops} | "
                   f"{med('sockets'):.0f} | {med('us_4096'):.1f} | {med('us_1048576'):.1f} |",
                   flush=True)
+        if "ringlet" in got and "last_first_s" in got["ringlet"][0]:
+            phased.append((n, got["ringlet"]))
+    if phased:
+        print("\nringlet's start-up for the rank that arrived last, by phase (ms, median "
+              "launch): torch's init_process_group and the Backend until the address "
+              "exchange; the exchange (its record set, the table read); connecting and "
+              "the first all_reduce")
+        print("| ranks | before the exchange | exchange | connect + first all_reduce | total |")
+        print("|---:|---:|---:|---:|---:|")
+        for n, runs in phased:
+            def ms(k: str, runs: list[dict[str, float]] = runs) -> str:
+                return f"{1e3 * statistics.median(r[k] for r in runs):.1f}"
+
+            print(f"| {n} | {ms('last_before_s')} | {ms('last_exchange_s')} | "
+                  f"{ms('last_first_s')} | {ms('init_last_s')} |")
 
 
 if __name__ == "__main__":
