@@ -271,7 +271,7 @@ def main() -> None:
     ap.add_argument("--store-gbs", type=float, default=1.0, help="GB/s the store server sends")
     ap.add_argument("--record-bytes", type=float, default=7.0,
                     help="compressed bytes of one rank's record in a table")
-    ap.add_argument("--base-ms", type=float, default=20.0,
+    ap.add_argument("--base-ms", type=float, default=4.0,
                     help="a process's own work to set the world up")
     a = ap.parse_args()
     rate = parse_rate(a.rate)

@@ -21,6 +21,11 @@ reports, the maximum over ranks:
 * ``4 KiB`` / ``1 MiB``: median all_reduce, blocks of back-to-back calls
   after a barrier, slowest rank.
 
+A second table splits ringlet's start-up for the rank that arrived last
+into phases: torch's ``init_process_group`` and the Backend until the
+address exchange, the exchange (its record set, the table read), and
+connecting + the first all_reduce.
+
 With ``--netns L`` (as root) the hosts are network namespaces on a bridge
 (:mod:`ringlet.bench.netns`, ``--rate`` per link, raw veth by default), L
 ranks each, one ``torchrun --nnodes H --node_rank h`` per host, so the
