@@ -64,6 +64,12 @@ def test_start_up_terms() -> None:
     # two ranks: the base, one poll interval and a first all_reduce
     small = model.start_up(2, 1, fast, store)
     assert 0.02 < small < 0.04
+    # a crowded machine's 10 ms floor instead of 1 ms: 9 ms more for a small
+    # group; at 8,192 ranks only the hosts' groups of 8 wait longer (the
+    # world's pause is p x 20 us either way)
+    crowded = model.Store(op=10e-6, bw=1e9, record=7, base=0.02, poll=0.01)
+    assert model.start_up(2, 1, fast, crowded) - small == pytest.approx(0.009, rel=1e-6)
+    assert model.start_up(1024, 8, fast, crowded) - t == pytest.approx(0.009, rel=1e-6)
     # doubling the records' bytes adds the world's table and the hosts' tables again
     bigger = model.start_up(1024, 8, fast, model.Store(op=10e-6, bw=1e9, record=14, base=0.02))
     assert bigger - t == pytest.approx(table + p * 8 * 7 / 1e9, rel=1e-6)

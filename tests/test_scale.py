@@ -91,3 +91,22 @@ def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout:
         if world >= 4:
             assert "rank 0 called all_reduce" in out[r]["mismatch"], out[r]["mismatch"]
             assert "rank 2 called all_gather" in out[r]["mismatch"], out[r]["mismatch"]
+
+
+def test_poll_floor_follows_the_launchers_local_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small group's waits poll every 1 ms at most where the launcher says
+    this machine has a CPU per local rank, else every 10 ms."""
+    from ringlet import runtime
+
+    monkeypatch.setattr(runtime, "_cores", lambda: 8)
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert runtime._poll_floor() == 1e-2  # no launcher says: maybe crowded
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.setenv(name, "8")
+        assert runtime._poll_floor() == 1e-3
+        monkeypatch.setenv(name, "9")
+        assert runtime._poll_floor() == 1e-2
+        monkeypatch.setenv(name, "many")  # not ours to reject: the safe default
+        assert runtime._poll_floor() == 1e-2
+        monkeypatch.delenv(name)

@@ -184,19 +184,36 @@ def _timed_out(mine: int, who: int, timeout: float, key: str, why: str) -> Colle
     return err
 
 
+def _poll_floor() -> float:
+    """The longest pause between polls of a small group's wait: 1 ms where
+    the launcher says this machine runs no more of the job's ranks than the
+    process has CPUs (``LOCAL_WORLD_SIZE`` from torchrun,
+    ``OMPI_COMM_WORLD_LOCAL_SIZE`` from Open MPI), else 10 ms: ranks still
+    starting on a crowded machine would lose turns to the polls (and where
+    the launcher does not say, the machine may be crowded)."""
+    for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        raw = os.environ.get(name, "")
+        if raw.isdigit() and int(raw) > 0:  # the launcher's, not ours: never raise on it
+            return 1e-3 if int(raw) <= _cores() else 1e-2
+    return 1e-2
+
+
 def _await(store: Any, keys: list[str], timeout: float, waiters: int = 1) -> None:
     """Blocks until every key in ``keys`` is set (``TimeoutError`` after
     ``timeout`` s), polling one ``check`` of all of them, every 0.1 ms at
-    first and then at most every 10 ms, or every ``waiters`` x 20 us when
-    that many ranks poll the same server (8,192 ranks: 164 ms, about 50,000
-    polls a second at the server): one round trip per poll, whatever the
-    number of keys. Not a blocking ``wait``: it would hold the store
-    client's lock, and threads of one process that connect different groups
-    at once (the two directions of a point-to-point pair, each on its own
-    queue) would wait on each other for good. Not a blocking wait on a
-    client of its own (``Store.clone``) either: with 16 ranks cloning at
-    once, torch's store stalled other ranks' operations for 5 s."""
-    deadline, pause, most = time.monotonic() + timeout, 1e-4, max(0.01, waiters * 2e-5)
+    first and then at most every 1 or 10 ms (``_poll_floor``), or every
+    ``waiters`` x 20 us when that many ranks poll the same server (8,192
+    ranks: 164 ms): at most about 50,000 polls a second at the server, one
+    round trip each, whatever the number of keys. Not a blocking ``wait``:
+    it would hold the store client's lock, and threads of one process that
+    connect different groups at once (the two directions of a point-to-point
+    pair, each on its own queue) would wait on each other for good. Not a
+    wait with a timeout either: torch's client prints two warnings per
+    timeout and stalled for 5 s in a loop of them. Not a blocking wait on a
+    client of its own (``Store.clone``): with 16 ranks cloning at once,
+    torch's store stalled other ranks' operations for 5 s."""
+    deadline, pause = time.monotonic() + timeout, 1e-4
+    most = max(_poll_floor(), waiters * 2e-5)
     while not store.check(keys):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(keys)} key(s) from {keys[0]!r} not set within {timeout:g}s")

@@ -99,6 +99,9 @@ class Store:
         address, host and machine ids, as JSON).
       base (float): Seconds of a process's own work to set a group up
         (native communicator, Python), every rank in parallel.
+      poll (float): The longest pause between a small group's polls
+        (``runtime._poll_floor``: 1 ms with a CPU per rank, 10 ms on a
+        crowded machine). Default: 0.001
 
     Example:
       >>> Store(op=30e-6, bw=1e9, record=120, base=0.02)
@@ -108,6 +111,7 @@ class Store:
     bw: float
     record: float
     base: float
+    poll: float = 1e-3
 
 
 def start_up(hosts: int, per_host: int, link: Link, store: Store) -> float:
@@ -139,12 +143,12 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store) -> float:
       >>> start_up(1024, 8, Link(12.5e9, 10e-6, 2e-6, 8e9), Store(30e-6, 1e9, 120, 0.02))
     """
     p = hosts * per_host
-    poll = max(0.01, p * 2e-5)  # runtime._await's longest pause
+    poll = max(store.poll, p * 2e-5)  # runtime._await's longest pause
     world = (2 * p + 1) * store.op + p * p * store.record / store.bw + poll
     levels = 0.0
     if per_host > 1 and hosts > 1:
         levels = ((2 * p + hosts) * store.op + p * per_host * store.record / store.bw
-                  + max(0.01, per_host * 2e-5))
+                  + max(store.poll, per_host * 2e-5))
     rounds = math.ceil(math.log2(p)) if p > 1 else 0
     first = rounds * 2 * link.alpha + two_level(4096, hosts, per_host, link)
     return store.base + world + levels + first
@@ -273,6 +277,9 @@ def main() -> None:
                     help="compressed bytes of one rank's record in a table")
     ap.add_argument("--base-ms", type=float, default=4.0,
                     help="a process's own work to set the world up")
+    ap.add_argument("--poll-ms", type=float, default=1.0,
+                    help="the longest pause between a small group's polls (10 on a "
+                         "machine with more ranks than CPUs)")
     a = ap.parse_args()
     rate = parse_rate(a.rate)
     if rate is None:
@@ -283,7 +290,8 @@ def main() -> None:
     print()
     hosts = [int(h) for h in a.hosts.split(",")]
     print(table(link, a.per_host, hosts, [int(s) for s in a.sizes.split(",")]))
-    store = Store(a.store_op_us * 1e-6, a.store_gbs * 1e9, a.record_bytes, a.base_ms * 1e-3)
+    store = Store(a.store_op_us * 1e-6, a.store_gbs * 1e9, a.record_bytes, a.base_ms * 1e-3,
+                  a.poll_ms * 1e-3)
     print()
     print(f"start-up (last rank's init_process_group to its first 4 KiB all_reduce), s; "
           f"store {a.store_op_us:g} us per operation, {a.store_gbs:g} GB/s, "
