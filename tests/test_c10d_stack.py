@@ -6,6 +6,8 @@ compiled) and torch.distributed.checkpoint of an FSDP2 model."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from datetime import timedelta
 
@@ -669,9 +671,6 @@ print("ok")
 def test_sharded_tensor_device_fix_applies_whenever_they_are_imported() -> None:
     # creating a group no longer imports torch's sharded tensors (15 ms of
     # every rank's start-up); the fix applies when they load, before or after
-    import subprocess
-    import sys
-
     for before, loaded in (("", False),
                            ("import torch.distributed._shard.sharded_tensor", True)):
         code = _SHARDED_FIX.format(before=before, loaded=loaded)

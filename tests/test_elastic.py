@@ -36,6 +36,19 @@ TOTAL = 12
 TIMEOUT = "10"  # what a survivor waits for a host whose link went down
 
 
+def _host(h: int) -> str:
+    """Host ``h``'s name: its ``RINGLET_HOST_ID``, in its agent's log file and
+    its workers' pid files."""
+    return f"host-{'abc'[h]}"
+
+
+def _kill_workers(work: Path, pattern: str) -> None:
+    """SIGKILLs the workers whose pid files (``pids/<host>.<pid>``) match."""
+    for pid in (int(p.suffix[1:]) for p in (work / "pids").glob(pattern)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 class _Hosts:
     """Where the agents run: namespace hosts on a bridge (``net`` given) or
     logical hosts on loopback."""
@@ -45,7 +58,7 @@ class _Hosts:
         self.endpoint = net.addrs[0] if net is not None else "127.0.0.1"
 
     def agent(self, h: int) -> subprocess.Popen[bytes]:
-        host = f"host-{'abc'[h]}"
+        host = _host(h)
         # torch 2.13's shared rendezvous store never gives a host that joins a
         # later round the master's address (the round's rank 0 publishes it
         # only in its first round): the workers host their own store instead
@@ -87,9 +100,7 @@ class _Hosts:
             netns._kill_inside(self.net.names[h])
         else:  # torchrun starts the workers in sessions of their own
             os.killpg(agent.pid, signal.SIGKILL)
-            for pid in (int(p.suffix[1:]) for p in (self.work / "pids").glob("host-b.*")):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            _kill_workers(self.work, f"{_host(h)}.*")
         agent.wait()
 
 
@@ -184,9 +195,7 @@ def _run_job(hosts: _Hosts) -> None:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for pid in (int(p.suffix[1:]) for p in (work / "pids").glob("*")):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_workers(work, "*")
 
     # the survivors' collective named a rank of the lost host (host a's
     # agent logs its workers' errors; host b held ranks 2 and 3)

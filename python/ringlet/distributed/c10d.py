@@ -1921,9 +1921,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     that uses them (FSDP1, DCP) needs the fix."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        global _sharded_hook
         if name != _SHARDED:
             return None
-        _unhook()
+        with contextlib.suppress(ValueError):  # once: the real finders from here on
+            sys.meta_path.remove(self)
+        _sharded_hook = None
         spec = importlib.util.find_spec(name)
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
@@ -1936,13 +1939,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
-
-
-def _unhook() -> None:
-    global _sharded_hook
-    with contextlib.suppress(ValueError):
-        sys.meta_path.remove(_sharded_hook)  # type: ignore[arg-type]
-    _sharded_hook = None
 
 
 def _sharded_tensors_on_cpu_when_used() -> None:
