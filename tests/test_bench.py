@@ -96,8 +96,9 @@ def test_bench_scale_reports_both_backends() -> None:
     rows = [ln.split("|") for ln in main.splitlines() if ln.startswith("| 2 |")]
     assert [r[2].strip() for r in rows] == ["ringlet", "gloo"], res.stdout
     ours = rows[0]
-    # start-up (slowest rank, then the last arrival's, no more than it), store operations
-    assert float(ours[3]) >= float(ours[4]) > 0 and 2 <= int(ours[6]) <= 3, res.stdout
+    # start-up (slowest rank, then the last arrival's, no more than it), store
+    # operations (set, wait and get; rank 0's multi_get and table)
+    assert float(ours[3]) >= float(ours[4]) > 0 and 3 <= int(ours[6]) <= 4, res.stdout
     assert all(float(c) > 0 for r in rows for c in r[8:10]), res.stdout  # 4 KiB, 1 MiB
     # the last arrival's start-up by phase: the phases add up to its total,
     # the start-up column of the first table (s there, ms here)

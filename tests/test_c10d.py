@@ -585,6 +585,48 @@ def test_dead_peer_fails_the_work_naming_it() -> None:
         assert "rank 2" in out[r], out[r]
 
 
+def _absent_rank_job(rank: int, world: int, port: int, gate: Any) -> dict:
+    """Rank 2 never calls init_process_group (it stays alive, at the gate):
+    ranks 0 and 1 call it with a 2 s timeout, on ringlet then on gloo."""
+    import time
+
+    seen: dict = {}
+    for backend in ("ringlet", "gloo"):
+        store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60),
+                              wait_for_workers=False)
+        if rank < 2:
+            t0 = time.monotonic()
+            try:
+                dist.init_process_group(backend, store=dist.PrefixStore(backend, store),
+                                        rank=rank, world_size=world,
+                                        timeout=timedelta(seconds=2))
+                seen[backend] = ("joined",)
+            except Exception as e:  # the outcome is the point
+                seen[backend] = (isinstance(e, RuntimeError), time.monotonic() - t0,
+                                 str(e).split("Exception raised from")[0])
+        gate.wait()  # rank 0 serves the store until every rank is done with it
+        del store
+        port += 1
+    return seen
+
+
+def test_default_group_meets_its_peers_in_init_process_group() -> None:
+    """The job's default group connects inside init_process_group (its waits
+    block on the store), as gloo's does: a rank that never joins is named
+    there, within the timeout, on every rank that did; gloo also raises."""
+    import torch.multiprocessing as mp
+
+    gate = mp.get_context("spawn").Barrier(3)
+    out = launch(3, _absent_rank_job, free_port(), gate, init=False, timeout=120)
+    for r in (0, 1):
+        ok, took, msg = out[r]["ringlet"]
+        # rank 0 waits its full timeout for the records; rank 1 hears its
+        # verdict, however much later it arrived
+        assert ok and (1.5 if r == 0 else 0.0) < took < 10, out[r]
+        assert f"rank {r}: Timed out waiting for rank 2: rank 2 did not join" in msg, msg
+        assert out[r]["gloo"][0] is True, out[r]  # gloo raises a RuntimeError too
+
+
 def test_entry_point_registers_the_backend_without_import() -> None:
     import subprocess
     import sys

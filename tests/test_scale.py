@@ -66,11 +66,12 @@ def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout:
     for r in range(world):
         assert out[r]["sum"] == [want] * 5, out[r]
         # the job's arrival (1), then the world's table: rank 0 sets its own
-        # record, reads all in one multi_get, publishes (3); the others set
-        # and get (2); waiting polls one check of all the keys it waits for
-        # (not counted: one round trip per poll, whatever p). Two levels add
-        # a host group of the same kind.
-        limit = 1 + 3 + (3 if per > 1 else 0)
+        # record, waits for the others' (one blocking wait: the world connects
+        # at start-up), reads all in one multi_get, publishes (4); the others
+        # set, wait and get (3). Two levels add a host group of the same kind.
+        limit = 1 + 4 + (4 if per > 1 else 0)
+        assert out[r]["counts"].get("wait", 0) == (2 if per > 1 else 1), out[r]["counts"]
+        assert "check" not in out[r]["counts"], out[r]["counts"]  # nothing polled
         assert out[r]["ops"] <= limit, (r, out[r]["counts"])
         assert out[r]["counts"].get("get", 0) <= (2 if per > 1 else 1), out[r]["counts"]
         if per == 1:

@@ -198,20 +198,39 @@ def _poll_floor() -> float:
     return 1e-2
 
 
-def _await(store: Any, keys: list[str], timeout: float, waiters: int = 1) -> None:
+def _await(store: Any, keys: list[str], timeout: float, waiters: int = 1,
+           block: bool = False) -> None:
     """Blocks until every key in ``keys`` is set (``TimeoutError`` after
-    ``timeout`` s), polling one ``check`` of all of them, every 0.1 ms at
-    first and then at most every 1 or 10 ms (``_poll_floor``), or every
+    ``timeout`` s).
+
+    With ``block``: one ``wait`` on the store, which the server answers the
+    moment the last key is set; nothing polls, so a crowded machine loses
+    no turns and the last rank to arrive learns the table at once. Only
+    for the group a job connects at start-up, on the main thread, before
+    any other group of this process exists. torch's client holds its lock
+    for the whole wait, so a thread of this process that connects another
+    group meanwhile would stall, and one whose peer needs it (the two
+    directions of a point-to-point pair, each on its own queue) would wait
+    on this one for good. torch prints two warnings when such a wait times
+    out; that happens only on the way to an error.
+
+    Otherwise it polls one ``check`` of all of them, every 0.1 ms at first
+    and then at most every 1 or 10 ms (``_poll_floor``), or every
     ``waiters`` x 20 us when that many ranks poll the same server (8,192
     ranks: 164 ms): at most about 50,000 polls a second at the server, one
-    round trip each, whatever the number of keys. Not a blocking ``wait``:
-    it would hold the store client's lock, and threads of one process that
-    connect different groups at once (the two directions of a point-to-point
-    pair, each on its own queue) would wait on each other for good. Not a
-    wait with a timeout either: torch's client prints two warnings per
-    timeout and stalled for 5 s in a loop of them. Not a blocking wait on a
-    client of its own (``Store.clone``): with 16 ranks cloning at once,
-    torch's store stalled other ranks' operations for 5 s."""
+    round trip each, whatever the number of keys. Not a loop of short
+    waits: torch's client stalled for 5 s in a loop of 1 ms ones. Not a
+    blocking wait on a client of its own (``Store.clone``): with 16 ranks
+    cloning at once, torch's store stalled other ranks' operations for 5 s."""
+    if block:
+        try:
+            store.wait(keys, timedelta(seconds=timeout))
+        except RuntimeError as e:  # torch's DistStoreError on a timeout
+            if "timeout" not in str(e).lower():
+                raise
+            raise TimeoutError(f"{len(keys)} key(s) from {keys[0]!r} not set within "
+                               f"{timeout:g}s") from None
+        return
     deadline, pause = time.monotonic() + timeout, 1e-4
     most = max(_poll_floor(), waiters * 2e-5)
     while not store.check(keys):
@@ -239,7 +258,7 @@ def _pack(table: dict[str, Any]) -> bytes:
 
 def _exchange(
     store: Any, key: str, group_rank: int, group_size: int, me: dict[str, str],
-    timeout: float, members: Optional[list[int]] = None,
+    timeout: float, members: Optional[list[int]] = None, block: bool = False,
 ) -> tuple[list[dict[str, str]], int]:
     """Every rank's record (address, host, machine) to every rank of the
     group, and the group's token, in a constant number of store operations
@@ -251,7 +270,8 @@ def _exchange(
     rank polled and read every other rank's key: 2p^2 operations on one
     server per group). A rank that never sets its record is named by rank 0
     in the table, so every rank raises naming it; a missing rank 0 is named
-    by the others' own wait."""
+    by the others' own wait. With ``block`` the waits are blocking
+    ``wait``s (see ``_await``)."""
     glob = members if members is not None else list(range(group_size))
     mine = glob[group_rank]
     table = f"{key}/table"
@@ -264,7 +284,7 @@ def _exchange(
     if group_rank == 0:
         keys = [f"{key}/peer/{r}" for r in range(1, group_size)]
         try:
-            _await(store, keys, timeout, group_size)
+            _await(store, keys, timeout, group_size, block)
         except TimeoutError as e:
             late = next((r for r in range(1, group_size)
                          if not store.check([f"{key}/peer/{r}"])), 1)
@@ -276,7 +296,7 @@ def _exchange(
     # Longer than rank 0's own wait: its verdict on a missing rank arrives
     # before this wait gives up on rank 0 itself.
     try:
-        _await(store, [table], timeout + min(5.0, 1.0 + 0.1 * timeout), group_size)
+        _await(store, [table], timeout + min(5.0, 1.0 + 0.1 * timeout), group_size, block)
     except TimeoutError as e:
         raise _timed_out(mine, glob[0], timeout, key, str(e)) from None
     got = json.loads(zlib.decompress(bytes(store.get(table))))
@@ -296,18 +316,20 @@ def _connect(
     name: str = "",
     domain: int = 0,
     crowded: Optional[bool] = None,
+    block: bool = False,
 ) -> tuple[_core.Communicator, _HostTable]:
     """Exchanges listening addresses under ``key`` and connects a group.
     ``members`` (global ranks, by group rank) name peers in errors, ``name``
     names the group, and communicators with the same ``domain`` fail
     together. ``crowded`` (see _engine_options) defaults to: the group spans
-    hosts and runs more ranks on this machine than it has CPUs."""
+    hosts and runs more ranks on this machine than it has CPUs. ``block``:
+    see ``_await``."""
     host = _host_id()
     machine = _core.host_identity()
     bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
     listener = _core.Listener(f"{bind}:0")
     me = {"addr": f"{addr}:{listener.port}", "host": host, "machine": machine}
-    peers, token = _exchange(store, key, group_rank, group_size, me, timeout, members)
+    peers, token = _exchange(store, key, group_rank, group_size, me, timeout, members, block)
     hosts = _HostTable(p["host"] for p in peers)
     hosts.machine_ranks = sum(1 for p in peers if p.get("machine") == machine)
     if crowded is None:
@@ -462,11 +484,13 @@ def init(
         arrivals = int(store.add(f"ringlet/arrivals/{world}", 1))
         prefix = f"ringlet/w{world}/g{(arrivals - 1) // world}"
         my_addr = _local_ip(addr)
+        # On the main thread, before any other group of this job: the
+        # waits block on the store (see _await)
         comm, hosts = _connect(
             store, f"{prefix}/world", rank, world, my_addr, float(wait),
-            name=f"the world ({world} ranks)", domain=domain,
+            name=f"the world ({world} ranks)", domain=domain, block=True,
         )
-        hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait), domain)
+        hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait), domain, block=True)
         if hier is not None:
             comm.attach_levels(hier, _layout(hosts))
             # The host groups connect through the store in groups that exclude
@@ -491,7 +515,7 @@ def _layout(hosts: list[str]) -> list[list[int]]:
 
 def _hierarchy(
     store: Any, prefix: str, rank: int, hosts: list[str], addr: str, timeout: float,
-    domain: int = 0, members: Optional[list[int]] = None,
+    domain: int = 0, members: Optional[list[int]] = None, block: bool = False,
 ) -> Optional[_core.Communicator]:
     """For a group spanning several hosts with more than one rank on some
     host, connects the ranks of this rank's host (shared memory); the caller
@@ -502,7 +526,8 @@ def _hierarchy(
     (see rust/ringlet-core/src/hierarchy). Hosts may hold different numbers
     of ranks. Every rank takes the same decision from the same host table.
     ``members`` maps group ranks to the global ranks errors name.
-    ``RINGLET_HIERARCHY=0`` turns it off (flat TCP between all ranks)."""
+    ``RINGLET_HIERARCHY=0`` turns it off (flat TCP between all ranks).
+    ``block``: see ``_await``."""
     if os.environ.get("RINGLET_HIERARCHY", "1") in ("0", "false", "False"):
         return None
     if os.environ.get("RINGLET_TRANSPORT", "auto").lower() == "tcp":
@@ -523,7 +548,7 @@ def _hierarchy(
         store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout,
         members=[glob[r] for r in layout[h]],
         name=f"the ranks of host {h} {[glob[r] for r in layout[h]]}", domain=domain,
-        crowded=crowded,
+        crowded=crowded, block=block,
     )
     return local
 

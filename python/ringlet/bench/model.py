@@ -101,7 +101,7 @@ class Store:
         (native communicator, Python), every rank in parallel.
       poll (float): The longest pause between a small group's polls
         (``runtime._poll_floor``: 1 ms with a CPU per rank, 10 ms on a
-        crowded machine). Default: 0.001
+        crowded machine), for groups made after start-up. Default: 0.001
 
     Example:
       >>> Store(op=30e-6, bw=1e9, record=120, base=0.02)
@@ -114,16 +114,20 @@ class Store:
     poll: float = 1e-3
 
 
-def start_up(hosts: int, per_host: int, link: Link, store: Store) -> float:
+def start_up(hosts: int, per_host: int, link: Link, store: Store, block: bool = True) -> float:
     """Seconds from the last rank's ``init_process_group`` to its first 4 KiB
     all_reduce done (the protocol's cost; the processes' own start comes on
-    top):
+    top), or, with ``block=False``, of a later group's creation
+    (``new_group``) to its first all_reduce:
 
-    * the world's table: every rank sets its record, rank 0 reads them in one
-      ``multi_get`` and sets the table, every rank gets it: 2 p + 1
-      operations at the server, the table (p compressed records) sent to p
-      ranks, and the waits' last poll (half the poll interval, which grows
-      with p, twice: rank 0 for the records, the others for the table);
+    * the group's table: every rank sets its record, rank 0 reads them in
+      one ``multi_get`` and sets the table, every rank gets it. At start-up
+      the waits block on the store (``runtime._await``): one ``wait`` per
+      rank, which the server answers when the last key is set, so 3 p + 1
+      operations at the server and no pause. A later group polls: 2 p + 1
+      operations, and the waits' last poll (half the poll interval, which
+      grows with p) twice: rank 0 for the records, the others for the table.
+      Either way the table (p compressed records) goes to p ranks;
     * with several ranks per host, each host's group the same way (H tables
       of L records);
     * the first collective: streams open on demand, one dial (a round trip,
@@ -135,6 +139,8 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store) -> float:
       per_host (int): L.
       link (Link): The network.
       store (Store): The store server.
+      block (bool, optional): The waits block (start-up) rather than poll
+        (a later group). Default: True.
 
     Returns:
       Seconds.
@@ -143,12 +149,17 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store) -> float:
       >>> start_up(1024, 8, Link(12.5e9, 10e-6, 2e-6, 8e9), Store(30e-6, 1e9, 120, 0.02))
     """
     p = hosts * per_host
-    poll = max(store.poll, p * 2e-5)  # runtime._await's longest pause
-    world = (2 * p + 1) * store.op + p * p * store.record / store.bw + poll
-    levels = 0.0
-    if per_host > 1 and hosts > 1:
-        levels = ((2 * p + hosts) * store.op + p * per_host * store.record / store.bw
-                  + max(store.poll, per_host * 2e-5))
+
+    def group(n: int, groups: int) -> float:
+        """n ranks in all, in ``groups`` groups of n / groups, each its table."""
+        table = n * (n // groups) * store.record / store.bw
+        if block:
+            return (3 * n + groups) * store.op + table
+        poll = max(store.poll, n // groups * 2e-5)  # runtime._await's longest pause
+        return (2 * n + groups) * store.op + table + poll
+
+    world = group(p, 1)
+    levels = group(p, hosts) if per_host > 1 and hosts > 1 else 0.0
     rounds = math.ceil(math.log2(p)) if p > 1 else 0
     first = rounds * 2 * link.alpha + two_level(4096, hosts, per_host, link)
     return store.base + world + levels + first
@@ -278,8 +289,8 @@ def main() -> None:
     ap.add_argument("--base-ms", type=float, default=4.0,
                     help="a process's own work to set the world up")
     ap.add_argument("--poll-ms", type=float, default=1.0,
-                    help="the longest pause between a small group's polls (10 on a "
-                         "machine with more ranks than CPUs)")
+                    help="the longest pause between a small group's polls, for a "
+                         "new_group (10 on a machine with more ranks than CPUs)")
     a = ap.parse_args()
     rate = parse_rate(a.rate)
     if rate is None:
@@ -297,10 +308,11 @@ def main() -> None:
           f"store {a.store_op_us:g} us per operation, {a.store_gbs:g} GB/s, "
           f"{a.record_bytes:g} bytes per record")
     print()
-    print("| H | p | start-up s |")
-    print("|---:|---:|---:|")
+    print("| H | p | start-up s | new_group s |")
+    print("|---:|---:|---:|---:|")
     for h in hosts:
-        print(f"| {h} | {h * a.per_host} | {start_up(h, a.per_host, link, store):.3g} |")
+        print(f"| {h} | {h * a.per_host} | {start_up(h, a.per_host, link, store):.3g} | "
+              f"{start_up(h, a.per_host, link, store, block=False):.3g} |")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,16 @@ reports, the maximum over ranks:
 * ``init``: from ``init_process_group`` to the first ``all_reduce`` done (the
   job's start-up as its training loop sees it; gloo connects its full mesh
   inside ``init_process_group``, or, with ``TORCH_GLOO_LAZY_INIT=1``, on each
-  pair's first use); ``init, last arrival``: the same for the rank that
-  arrived last (the least over ranks), which waited for no one's arrival:
-  the protocol's own cost, without the spread of the processes' start;
+  pair's first use). The ranks first meet at the job's store (torch's
+  ``env://`` rendezvous, done before the clock starts and handed to
+  ``init_process_group``) and start their clocks as the last one arrives,
+  so that ``init`` measures the library, not how far apart the processes
+  finished importing torch, nor torch's rendezvous (a rank that comes
+  before rank 0 serves the store backs off: 2.5 s at 16 ranks started
+  together, 10 s at 64); ``--no-align`` starts each clock as its process
+  gets there, before torch's rendezvous. ``init, last arrival``: the same for the rank
+  that got there last (the least over ranks), which waited for no one's
+  arrival: the protocol's own cost;
 * ``new_group``: a group of every rank, to its first ``all_reduce`` done;
 * ``store ops``: the store operations ringlet made to connect the world (a
   counting wrapper around the default group's store: ringlet's own
@@ -103,6 +110,23 @@ def store_ops(counts: Mapping[str, int]) -> int:
     return sum(v for k, v in counts.items() if k != "check")
 
 
+def _gate(world: int) -> Any:
+    """With ``RINGLET_BENCH_ALIGN=1``: the job's store as torch's
+    ``init_process_group`` would make it (``env://``: rank 0 or torchrun's
+    agent serves it), after the ranks have met at it and left together (the
+    last to arrive opens the gate; every rank's blocking wait returns as the
+    server tells it). Else None."""
+    if os.environ.get("RINGLET_BENCH_ALIGN") != "1":
+        return None
+    import torch.distributed as dist
+
+    store, _, _ = next(dist.rendezvous("env://"))
+    if int(store.add("bench/arrived", 1)) == world:
+        store.set("bench/open", "1")
+    store.wait(["bench/open"])
+    return store
+
+
 def worker(out: str, backend: str, iters: int) -> None:
     """One rank of a launch: times start-up, a new group and the all_reduces,
     and appends its numbers to ``out`` (JSON lines)."""
@@ -127,8 +151,13 @@ def worker(out: str, backend: str, iters: int) -> None:
 
         runtime._exchange = counting  # type: ignore[assignment]
     t = torch.ones(1024)
+    world = int(os.environ["WORLD_SIZE"])
+    store = _gate(world)
     t0 = time.perf_counter()
-    dist.init_process_group(backend)
+    if store is None:
+        dist.init_process_group(backend)
+    else:  # the store the gate met at: torch's rendezvous is behind every rank
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     dist.all_reduce(t)
     done = time.perf_counter()
     init_s = done - t0
@@ -156,7 +185,8 @@ def worker(out: str, backend: str, iters: int) -> None:
             samples.append((time.perf_counter() - a) / reps)
         times[size] = statistics.median(samples)
     row = {"rank": rank, "init_s": init_s, "group_s": group_s, "store_ops": world_ops,
-           "sockets": _sockets(), **{f"us_{s}": v * 1e6 for s, v in times.items()}, **phases}
+           "sockets": _sockets(), **{f"us_{s}": v * 1e6 for s, v in times.items()},
+           **phases}
     dist.destroy_process_group()
     with open(out, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -174,9 +204,11 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def launch(p: int, backend: str, iters: int, env: dict[str, str], timeout: float
-           ) -> dict[str, float]:
-    """One launch of ``p`` ranks; the maximum over ranks of each number."""
+def launch(p: int, backend: str, iters: int, env: dict[str, str], timeout: float,
+           align: bool = True) -> dict[str, float]:
+    """One launch of ``p`` ranks; the maximum over ranks of each number.
+    ``align``: the ranks start their clocks together (``_gate``)."""
+    env = {**env, "RINGLET_BENCH_ALIGN": "1" if align else "0"}
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "rows.jsonl"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={p}",
@@ -191,11 +223,13 @@ def launch(p: int, backend: str, iters: int, env: dict[str, str], timeout: float
 
 
 def launch_netns(net: Any, per_host: int, backend: str, iters: int, env: dict[str, str],
-                 timeout: float, port: int) -> dict[str, float]:
+                 timeout: float, port: int, align: bool = True) -> dict[str, float]:
     """One launch over the network-namespace hosts of ``net``
     (:class:`ringlet.bench.netns.Hosts`), ``per_host`` ranks on each: a
     ``torchrun --nnodes H --node_rank h`` inside each host; the maximum over
-    ranks of each number."""
+    ranks of each number. ``align``: the ranks start their clocks together
+    (``_gate``)."""
+    env = {**env, "RINGLET_BENCH_ALIGN": "1" if align else "0"}
     hosts = len(net.names)
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT")
@@ -250,6 +284,8 @@ def main() -> None:
     p.add_argument("--rate", default="none", help="with --netns: each host link's tc rate")
     p.add_argument("--only", default="", help="comma list of rows to run (ringlet, gloo, "
                    "'gloo lazy'): all by default")
+    p.add_argument("--no-align", action="store_true",
+                   help="start each rank's clock as its process gets there, not together")
     args = p.parse_args()
     ways = [("ringlet", "ringlet", {}), ("gloo", "gloo", {})]
     if args.gloo_lazy:
@@ -275,8 +311,10 @@ def main() -> None:
                 for label, backend, env in ways:
                     port += 1  # a fresh port: the last launch's may linger in TIME_WAIT
                     got[label].append(
-                        launch_netns(net, args.netns, backend, args.iters, env, args.timeout, port)
-                        if net is not None else launch(n, backend, args.iters, env, args.timeout))
+                        launch_netns(net, args.netns, backend, args.iters, env, args.timeout, port,
+                                     not args.no_align)
+                        if net is not None else
+                        launch(n, backend, args.iters, env, args.timeout, not args.no_align))
         for label, _, _ in ways:
             runs = got[label]
 

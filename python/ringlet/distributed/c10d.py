@@ -711,9 +711,11 @@ class ProcessGroupRinglet(ProcessGroup):
         master = os.environ.get("MASTER_ADDR") or _store_host(self._store) or "127.0.0.1"
         return runtime._local_ip(master)
 
-    def _world(self) -> Any:
+    def _world(self, block: bool = False) -> Any:
         """The group's communicator, connected on first use (on the progress
-        thread, through the group's store, by its members only)."""
+        thread, through the group's store, by its members only), or at once
+        for the job's default group (``_create``), whose waits on the store
+        then ``block`` (see ``runtime._await``)."""
         comm = self._comm
         if comm is None:
             with self._lock:
@@ -727,13 +729,13 @@ class ProcessGroupRinglet(ProcessGroup):
                         comm, hosts = runtime._connect(
                             self._store, self._key, self._rank, self._size, addr,
                             self._timeout, members=self._members, name=self._title(),
-                            domain=self._domain,
+                            domain=self._domain, block=block,
                         )
                         # A group spanning hosts: collectives run in two levels
                         # inside the engine (shared memory within hosts, TCP across).
                         hier = runtime._hierarchy(
                             self._store, self._key, self._rank, hosts, addr, self._timeout,
-                            self._domain, members=self._members,
+                            self._domain, members=self._members, block=block,
                         )
                         if hier is not None:
                             comm.attach_levels(hier, runtime._layout(hosts))
@@ -1955,12 +1957,27 @@ def _sharded_tensors_on_cpu_when_used() -> None:
 
 def _create(opts: Any, pg_options: Any = None) -> ProcessGroupRinglet:
     _sharded_tensors_on_cpu_when_used()
-    # The native C++ Backend around the Python group when it builds, else
-    # the Python group itself (see ringlet._native).
-    return _native.wrap(ProcessGroupRinglet(
+    pg = ProcessGroupRinglet(
         opts.store, opts.group_rank, opts.group_size, opts.timeout,
         list(opts.global_ranks_in_group) or None,
-    ))
+    )
+    if not dist.is_initialized():
+        # The job's default group, made inside init_process_group, where
+        # every rank waits for the others anyway (gloo connects its mesh
+        # there): it meets its peers now, on the main thread, before any
+        # other group of this process exists, so its waits on the store can
+        # block instead of polling (runtime._await). The streams still open
+        # on demand. A later group connects on first use, polling: a
+        # blocking wait there could stall another group's thread that a
+        # peer needs.
+        try:
+            pg._world(block=True)
+        except BaseException:
+            pg.abort()
+            raise
+    # The native C++ Backend around the Python group when it builds, else
+    # the Python group itself (see ringlet._native).
+    return _native.wrap(pg)
 
 
 _original_monitored_barrier: Optional[Callable[..., Any]] = None
