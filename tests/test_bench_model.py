@@ -81,6 +81,12 @@ def test_start_up_terms() -> None:
     # polling costs the pauses and saves the waits' operations
     polled = model.start_up(1024, 8, fast, store, block=False)
     assert polled - t == pytest.approx(p * 2e-5 + 1e-3 - (2 * p) * 10e-6, rel=1e-6)
+    # 16 ranks on 2 cores started together: the machine does their own work
+    # 8 times over
+    assert model.start_up(16, 1, fast, store, ranks_per_core=8) - model.start_up(
+        16, 1, fast, store) == pytest.approx(7 * 0.02, rel=1e-6)
+    assert model.start_up(16, 1, fast, store, ranks_per_core=0.5) == model.start_up(
+        16, 1, fast, store)
     # doubling the records' bytes adds the world's table and the hosts' tables again
     bigger = model.start_up(1024, 8, fast, model.Store(op=10e-6, bw=1e9, record=14, base=0.02))
     assert bigger - t == pytest.approx(table + p * 8 * 7 / 1e9, rel=1e-6)

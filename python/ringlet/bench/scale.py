@@ -22,8 +22,8 @@ reports, the maximum over ranks:
 * ``new_group``: a group of every rank, to its first ``all_reduce`` done;
 * ``store ops``: the store operations ringlet made to connect the world (a
   counting wrapper around the default group's store: ringlet's own
-  connection, not the polls of one key while it waits; torch's rendezvous is
-  the same for every backend);
+  connection, each blocking wait one; torch's rendezvous is the same for
+  every backend);
 * ``sockets``: TCP sockets the process holds after the collectives;
 * ``4 KiB`` / ``1 MiB``: median all_reduce, blocks of back-to-back calls
   after a barrier, slowest rank.
