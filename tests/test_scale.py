@@ -94,6 +94,39 @@ def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout:
             assert "rank 2 called all_gather" in out[r]["mismatch"], out[r]["mismatch"]
 
 
+def test_a_store_without_a_blocking_wait_is_polled() -> None:
+    """Start-up's blocking wait falls back to polling on a store that has no
+    wait of its own (a Python ``Store`` with set, get and check), and still
+    times out."""
+    import time
+
+    import torch.distributed as dist
+
+    from ringlet import runtime
+
+    class Plain(dist.Store):
+        def __init__(self) -> None:
+            super().__init__()
+            self.data: dict[str, bytes] = {}
+
+        def set(self, key: str, value: Any) -> None:
+            self.data[key] = value
+
+        def get(self, key: str) -> bytes:
+            return self.data[key]
+
+        def check(self, keys: list[str]) -> bool:
+            return all(k in self.data for k in keys)
+
+    store = Plain()
+    store.set("a", b"1")
+    runtime._await(store, ["a"], 5.0, block=True)  # set already: returns at once
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"not set within 0\.3s"):
+        runtime._await(store, ["a", "b"], 0.3, block=True)
+    assert 0.25 < time.monotonic() - t0 < 5
+
+
 def test_poll_floor_follows_the_launchers_local_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """A small group's waits poll every 1 ms at most where the launcher says
     this machine has a CPU per local rank, else every 10 ms."""

@@ -222,16 +222,20 @@ def _await(store: Any, keys: list[str], timeout: float, waiters: int = 1,
     waits: torch's client stalled for 5 s in a loop of 1 ms ones. Not a
     blocking wait on a client of its own (``Store.clone``): with 16 ranks
     cloning at once, torch's store stalled other ranks' operations for 5 s."""
+    deadline, pause = time.monotonic() + timeout, 1e-4
     if block:
         try:
             store.wait(keys, timedelta(seconds=timeout))
+            return
         except RuntimeError as e:  # torch's DistStoreError on a timeout
-            if "timeout" not in str(e).lower():
-                raise
-            raise TimeoutError(f"{len(keys)} key(s) from {keys[0]!r} not set within "
-                               f"{timeout:g}s") from None
-        return
-    deadline, pause = time.monotonic() + timeout, 1e-4
+            if "timeout" in str(e).lower():
+                raise TimeoutError(f"{len(keys)} key(s) from {keys[0]!r} not set within "
+                                   f"{timeout:g}s") from None
+            # Anything else: a store with no blocking wait of its own (a
+            # Python Store that implements set, get and check) is polled
+            # below; a broken one raises there.
+        except (AttributeError, NotImplementedError):
+            pass
     most = max(_poll_floor(), waiters * 2e-5)
     while not store.check(keys):
         if time.monotonic() > deadline:
