@@ -234,7 +234,7 @@ def _await(store: Any, keys: list[str], timeout: float, waiters: int = 1,
             # Anything else: a store with no blocking wait of its own (a
             # Python Store that implements set, get and check) is polled
             # below; a broken one raises there.
-        except (AttributeError, NotImplementedError):
+        except AttributeError:  # no wait at all (NotImplementedError is a RuntimeError)
             pass
     most = max(_poll_floor(), waiters * 2e-5)
     while not store.check(keys):

@@ -321,8 +321,8 @@ def main() -> None:
     print()
     print("| H | p | start-up s | new_group s |")
     print("|---:|---:|---:|---:|")
+    crowd = a.ranks_per_core
     for h in hosts:
-        crowd = a.ranks_per_core
         print(f"| {h} | {h * a.per_host} | {start_up(h, a.per_host, link, store, True, crowd):.3g}"
               f" | {start_up(h, a.per_host, link, store, False, crowd):.3g} |")
 
