@@ -90,3 +90,15 @@ def test_start_up_terms() -> None:
     # doubling the records' bytes adds the world's table and the hosts' tables again
     bigger = model.start_up(1024, 8, fast, model.Store(op=10e-6, bw=1e9, record=14, base=0.02))
     assert bigger - t == pytest.approx(table + p * 8 * 7 / 1e9, rel=1e-6)
+
+
+def test_the_agreement_takes_the_rounds_of_recursive_doubling() -> None:
+    """The agreement's rounds: log2 p for a power of two, the fold and the
+    unfold around the largest power of two below p otherwise (the pairing
+    of the core's `doubling_peers`)."""
+    assert [model.doubling_rounds(p) for p in (1, 2, 4, 5, 8, 12, 16, 17, 1024)] == \
+        [0, 1, 2, 4, 3, 5, 4, 6, 10]
+    link = model.Link(1e9, 1e-5, 1e-6, 1e9)
+    assert model.agreement(3, link) == pytest.approx(link.alpha + 2 * link.o)
+    assert model.agreement(16, link) == pytest.approx(4 * (link.alpha + 2 * link.o))
+    assert model.agreement(12, link) == pytest.approx(5 * (link.alpha + 2 * link.o))

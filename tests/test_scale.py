@@ -28,12 +28,65 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
     peers = ringlet.peer_transports()
     world_comm = ringlet.runtime._world()
     streams = [world_comm.open_streams()]  # none yet past 3 ranks over TCP
-    ringlet.barrier()  # the dissemination partners: rank +- 2^k
+    ringlet.barrier()  # the doubling partners: rank xor 2^k
     streams.append(world_comm.open_streams())
     t = torch.full((5,), float(rank + 1))
     ringlet.all_reduce(ringlet.REDUCE_SUM, [t])
     ringlet.barrier()
     streams.append(world_comm.open_streams())
+    # the rings (a large all_reduce, all_gather, reduce_scatter) and the
+    # broadcast tree: values against plain torch, and the streams they add
+    n = 20_000 * world  # 80 KiB a rank and up: the TCP ring
+    base = torch.arange(n, dtype=torch.float32) % 1000  # sums stay exact in float32
+    big = base * (rank + 1)
+    ringlet.all_reduce(ringlet.REDUCE_SUM, [big])
+    ring_ok = torch.equal(big, base * want_sum(world))
+    gathered = ringlet.all_gather(torch.full((3,), float(rank)), dim=0)
+    ring_ok &= torch.equal(gathered, torch.arange(world, dtype=torch.float32).repeat_interleave(3))
+    scattered = ringlet.reduce_scatter(ringlet.REDUCE_SUM, torch.arange(4.0 * world), 1.0, 0,
+                                       world)
+    ring_ok &= torch.equal(scattered, torch.arange(4.0 * rank, 4.0 * rank + 4) * world)
+    root = world - 1
+    b = torch.full((300_000,), float(rank))  # 1.2 MB: several pieces down the tree
+    ringlet.collective_broadcast([b], root_ordinal=root)
+    ring_ok &= torch.equal(b, torch.full((300_000,), float(root)))
+    streams.append(world_comm.open_streams())
+    groups_ok, listening, sockets = True, 0, 0
+    if world >= 4 and len(ringlet.host_layout()) == world:  # one rank a host
+        # Two more groups (halves and evens/odds: each rank is in both),
+        # created in turn, then first used at once from two threads: their
+        # streams open concurrently through the process's one listener, and
+        # each connection reaches its group whichever thread accepted it.
+        import threading
+
+        from ringlet import runtime
+        from ringlet.bench.scale import _sockets
+
+        halves = [list(range(world // 2)), list(range(world // 2, world))]
+        parity = [list(range(0, world, 2)), list(range(1, world, 2))]
+        for g in (halves, parity):
+            runtime._group(g)
+        results: dict[str, Any] = {}
+
+        def run(name: str, groups: list[list[int]]) -> None:
+            try:
+                x = torch.full((3,), float(rank + 1))
+                for _ in range(3):
+                    y = x.clone()
+                    ringlet.all_reduce(ringlet.REDUCE_SUM, [y], groups=groups)
+                mine = next(g for g in groups if rank in g)
+                results[name] = torch.equal(y, torch.full((3,), float(sum(r + 1 for r in mine))))
+            except Exception as e:  # reported, not lost in the thread
+                results[name] = repr(e)
+
+        threads = [threading.Thread(target=run, args=a) for a in
+                   (("halves", halves), ("parity", parity))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        groups_ok = results == {"halves": True, "parity": True} or results
+        sockets, listening = _sockets(), _listening()
     mismatch = ""
     if world >= 4:
         # Past 3 ranks the agreement is a digest all-reduce in log2 p rounds;
@@ -49,20 +102,64 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
         assert u.tolist() == [float(world)] * 2
     ringlet.shutdown()
     return {"ops": store_ops(at_init), "counts": at_init, "streams": streams,
-            "sum": t.tolist(), "mismatch": mismatch, "peers": peers}
+            "sum": t.tolist(), "mismatch": mismatch, "peers": peers, "ring_ok": ring_ok,
+            "groups_ok": groups_ok, "listening": listening, "sockets": sockets}
+
+
+def _listening() -> int:
+    """Listening TCP sockets this process holds."""
+    import os
+
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    n = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):  # the store may listen on ::
+        with open(table) as f:
+            next(f)
+            n += sum(1 for line in f if line.split()[3] == "0A" and line.split()[9] in mine)
+    return n
+
+
+def want_sum(world: int) -> float:
+    return float(world * (world + 1) // 2)
+
+
+def doubling_partners(p: int, me: int) -> set[int]:
+    """The peers of ``me`` in a recursive-doubling all-reduce over ``p``
+    ranks (the core's pairing): the first 2(p - q) ranks fold in pairs, q
+    the largest power of two <= p; the q participants swap with index xor
+    2^k."""
+    q = 1 << (p.bit_length() - 1)
+    extra = p - q
+    if me < 2 * extra and me % 2 == 0:
+        return {me + 1}
+    out = {me - 1} if me < 2 * extra else set()
+    i = me // 2 if me < 2 * extra else me - extra
+    k = 1
+    while k < q:
+        j = i ^ k
+        out.add(2 * j + 1 if j < extra else j + extra)
+        k <<= 1
+    return out
 
 
 @pytest.mark.parametrize("layout", ["2 hosts x 1", "4 hosts x 1", "2 hosts x 2", "6 hosts x 1",
                                     "16 hosts x 1"])
 def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout: str) -> None:
     """Store operations per rank stay constant as the world grows; TCP
-    streams open on demand: none at start-up, the dissemination partners
-    after a barrier."""
+    streams open on demand: none at start-up, the doubling partners after a
+    barrier, no more after rings and a broadcast at 16 hosts."""
     hosts, per = (int(w) for w in layout.split(" hosts x "))
     world = hosts * per
     env = [{"RINGLET_HOST_ID": f"logical-{r // per}"} for r in range(world)]
     out = launch(world, counted_init, free_port(), init=False, per_rank_env=env, timeout=240)
-    want = float(world * (world + 1) // 2)
+    want = want_sum(world)
     for r in range(world):
         assert out[r]["sum"] == [want] * 5, out[r]
         # the job's arrival (1), then the world's table: rank 0 sets its own
@@ -76,15 +173,33 @@ def test_connecting_costs_a_constant_number_of_store_operations_per_rank(layout:
         assert out[r]["counts"].get("get", 0) <= (2 if per > 1 else 1), out[r]["counts"]
         if per == 1:
             assert out[r]["peers"] == {q: "tcp" for q in range(world) if q != r}, out[r]
-        # the world's mesh spans hosts: streams open as collectives need them
-        partners = {(r + s * (1 << k)) % world for k in range((world - 1).bit_length())
-                    for s in (1, -1)}
-        first, after_barrier, after_all_reduce = out[r]["streams"]
+        assert out[r]["ring_ok"], r
+        # the world's mesh spans hosts: streams open as collectives need them;
+        # past 3 ranks the agreement (a barrier) opens the doubling partners
+        partners = (doubling_partners(world, r) if world > 3
+                    else set(range(world)) - {r})
+        first, after_barrier, after_all_reduce, after_rings = out[r]["streams"]
         assert after_barrier == len(partners), (r, out[r]["streams"])
-        # an all-reduce may add its own partners (the odd ranks' fold past a
-        # power of two); with the listener and the store's connection, a rank
-        # holds at most 2 ceil(log2 p) + 2 sockets
+        # a small all-reduce below 8 ranks exchanges with every peer; with the
+        # listener and the store's connection, a rank holds at most
+        # 2 ceil(log2 p) + 2 sockets
         assert after_all_reduce + 2 <= 2 * (world - 1).bit_length() + 2, out[r]["streams"]
+        assert after_rings + 2 <= 2 * (world - 1).bit_length() + 2, out[r]["streams"]
+        assert out[r]["groups_ok"] is True, (r, out[r]["groups_ok"])
+        if world >= 4 and per == 1:
+            # one listening socket for the world and both groups (rank 0 also
+            # serves the store); the world's streams, the two groups'
+            # doubling partners, the listener and the store's connection
+            assert out[r]["listening"] == (2 if r == 0 else 1), (r, out[r])
+            half = world // 2
+            if world & (world - 1) == 0 and world >= 16 and r > 0:  # rank 0 serves the store
+                assert out[r]["sockets"] == (
+                    2 + (world.bit_length() - 1) + 2 * (half.bit_length() - 1)), \
+                    (r, out[r]["sockets"])
+        if world >= 8 and world & (world - 1) == 0 and per == 1:
+            # a power of two: the small all-reduce, the Gray-ordered rings and
+            # the broadcast tree all run over the log2 p doubling partners
+            assert after_rings == world.bit_length() - 1, (r, out[r]["streams"])
         # two levels agree on the layout over the world's mesh at start-up; up
         # to 3 ranks the mesh is full from the start
         lazy = world > 3 and per == 1

@@ -309,6 +309,24 @@ def _exchange(
     return list(got["peers"]), int(got["token"])
 
 
+# The process's listening sockets, by bind address: one for all its groups.
+_listeners: dict[str, Any] = {}
+_listeners_lock = threading.Lock()  # _connect may run under _lock
+
+
+def _listener(bind: str) -> Any:
+    """The listening socket of this process on ``bind``, made on first use
+    and shared by every group it connects: each connection's hello names its
+    group by the group's token, and the core hands it to that group whichever
+    group accepted it (the lobby in rust/ringlet-core/src/transport/tcp). One
+    socket a process instead of one a group."""
+    with _listeners_lock:
+        listener = _listeners.get(bind)
+        if listener is None:
+            listener = _listeners[bind] = _core.Listener(f"{bind}:0")
+        return listener
+
+
 def _connect(
     store: Any,
     key: str,
@@ -331,7 +349,7 @@ def _connect(
     host = _host_id()
     machine = _core.host_identity()
     bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
-    listener = _core.Listener(f"{bind}:0")
+    listener = _listener(bind)
     me = {"addr": f"{addr}:{listener.port}", "host": host, "machine": machine}
     peers, token = _exchange(store, key, group_rank, group_size, me, timeout, members, block)
     hosts = _HostTable(p["host"] for p in peers)

@@ -10,8 +10,9 @@ each end. Within a host the shared-memory steps copy at ``mem`` bytes/s per
 rank.
 
 ringlet (rust/ringlet-core/src/hierarchy): the agreement check (up to 3 ranks
-one descriptor exchange with every rank; above, a dissemination all-reduce of
-the descriptors' digest bounds, ceil(log2 p) rounds of one message), then
+one descriptor exchange with every rank; above, a recursive-doubling
+all-reduce of the descriptors' digest bounds, log2 p rounds of one message
+for a power of two, floor(log2 p) + 2 otherwise), then
 pieces of P bytes flow through three stages that overlap: a reduce-scatter
 within the host, the cross-host step (2 hosts: one exchange between the owners
 of each channel; 3 or more: a reduce-scatter and an all-gather among them,
@@ -22,7 +23,8 @@ all-gather, and one cross step's latency, do not overlap::
 
     T = A(p)                                       (agreement: alpha + (p - 1) o
                                                     up to 3 ranks, else
-                                                    ceil(log2 p) (alpha + 2 o))
+                                                    d(p) (alpha + 2 o), d(p) the
+                                                    doubling rounds)
       + 2 (3 P / L) / mem + s alpha                (pipeline fill and drain)
       + max(2 S (H - 1) / H / (eta rate),           (link: the least any
                                                      all-reduce sends per host)
@@ -82,11 +84,23 @@ class Link:
 
 def agreement(p: int, link: Link) -> float:
     """Seconds of one collective's agreement check over TCP: up to 3 ranks a
-    descriptor to every peer at once, above a dissemination all-reduce of
-    the digest bounds (ceil(log2 p) rounds, one message each)."""
+    descriptor to every peer at once, above a recursive-doubling all-reduce
+    of the digest bounds (``doubling_rounds(p)`` rounds, one message
+    each)."""
     if p <= 3:
         return link.alpha + (p - 1) * link.o
-    return math.ceil(math.log2(p)) * (link.alpha + 2 * link.o)
+    return doubling_rounds(p) * (link.alpha + 2 * link.o)
+
+
+def doubling_rounds(p: int) -> int:
+    """Rounds of a recursive-doubling all-reduce over ``p`` ranks: log2 p for
+    a power of two; otherwise the first 2 (p - q) ranks fold in pairs and
+    unfold at the end around the log2 q rounds of the q participants (q the
+    largest power of two below p)."""
+    if p < 2:
+        return 0
+    q = 1 << (p.bit_length() - 1)
+    return q.bit_length() - 1 + (0 if p == q else 2)
 
 @dataclass
 class Store:
@@ -137,7 +151,7 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store, block: bool = 
     * with several ranks per host, each host's group the same way (H tables
       of L records);
     * the first collective: streams open on demand, one dial (a round trip,
-      2 alpha) per dissemination round of the agreement, then the 4 KiB
+      2 alpha) per doubling round of the agreement, then the 4 KiB
       all_reduce itself (``two_level``).
 
     Args:
@@ -169,8 +183,7 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store, block: bool = 
 
     world = group(p, 1)
     levels = group(p, hosts) if per_host > 1 and hosts > 1 else 0.0
-    rounds = math.ceil(math.log2(p)) if p > 1 else 0
-    first = rounds * 2 * link.alpha + two_level(4096, hosts, per_host, link)
+    first = doubling_rounds(p) * 2 * link.alpha + two_level(4096, hosts, per_host, link)
     return store.base * max(1.0, ranks_per_core) + world + levels + first
 
 

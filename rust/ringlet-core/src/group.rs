@@ -173,11 +173,12 @@ impl Communicator {
             return Ok(Communicator::single(cfg));
         }
         let one_host = hosts.iter().all(|h| *h == hosts[0]);
-        // Over TCP, streams open as the algorithms first use them (ring
-        // neighbours, the dissemination and doubling partners, the hosts'
-        // channel owners; every peer only for all_to_all and the like). A
-        // group on one host connects in full: shared memory is set up over
-        // the streams, which then carry its failure notices.
+        // Over TCP, streams open as the algorithms first use them (the
+        // doubling partners, which the Gray-ordered rings and the broadcast
+        // tree share for a power of two, and the hosts' channel owners;
+        // every peer only for all_to_all and the like). A group on one host
+        // connects in full: shared memory is set up over the streams, which
+        // then carry its failure notices.
         let shm = one_host && !cfg.force_tcp;
         let mut mesh = if !shm && size > TcpMesh::LAZY_ABOVE {
             TcpMesh::connect_lazily(rank, addrs, listener, token)?

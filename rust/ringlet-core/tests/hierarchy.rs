@@ -233,7 +233,7 @@ fn a_rank_that_stops_mid_pipeline_is_named_on_every_rank() {
             }) => *p,
             other => panic!("rank {r}: {other:?}"),
         };
-        assert_eq!(culprit, 2, "rank {r}: {g:?}");
+        assert_eq!(culprit, 2, "rank {r}: {g:?} all: {got:?}");
     }
 }
 

@@ -10,7 +10,7 @@
 //! TCP: ring; at each of the p-1 steps a rank forwards the block it received
 //! in the previous step.
 
-use super::{pieces, split_ref_mut, streams};
+use super::{pieces, split_ref_mut, streams, RingOrder};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -97,10 +97,14 @@ fn tcp_all_gather(mesh: &TcpMesh, cfg: &Config, input: &[u8], output: &mut [u8])
     if n == 0 {
         return Ok(());
     }
-    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    // Around the ring of `RingOrder`: the rank at position i starts with
+    // its own block (that of rank_at(i)) and passes on, at step s, the
+    // block it got at step s - 1.
+    let order = RingOrder::new(p, r);
+    let (next, prev, at) = (order.next(), order.prev(), order.pos);
     for s in 0..p - 1 {
-        let send = (r + p - s) % p;
-        let recv = (r + 2 * p - s - 1) % p;
+        let send = order.rank_at(at + p - s);
+        let recv = order.rank_at(at + 2 * p - s - 1);
         let (out, inc) = split_ref_mut(output, send * n..(send + 1) * n, recv * n..(recv + 1) * n);
         mesh.transfer(
             &mut [Xfer::send(next, out), Xfer::recv(prev, inc)],

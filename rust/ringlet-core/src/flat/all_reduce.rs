@@ -31,7 +31,9 @@
 //! (2(p-1)/p of the buffer crosses each link). float16/bfloat16 travel and
 //! accumulate as float32.
 
-use super::{part_bytes, pieces, scratch, split_ref_mut, via_f32, Reused, CMA_PIECE, TCP_SMALL};
+use super::{
+    part_bytes, pieces, scratch, split_ref_mut, via_f32, Reused, RingOrder, CMA_PIECE, TCP_SMALL,
+};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -333,10 +335,13 @@ pub(crate) fn doubling(
     Ok(())
 }
 
-/// Ring reduce-scatter over `p` parts of `buf`, in place. At step s rank r
-/// sends part `r - s` to the next rank and reduces part `r - s - 1` (mod p)
-/// received from the previous one; after p-1 steps it owns the fully reduced
-/// part `r + 1`, where the all-gather that follows starts.
+/// Ring reduce-scatter over `p` parts of `buf`, in place, around the ring
+/// of [`RingOrder`] (parts are numbered by ring position: the all-reduce's
+/// result does not depend on which rank reduced which part). At step s the
+/// rank at position r sends part `r - s` to the next rank and reduces part
+/// `r - s - 1` (mod p) received from the previous one; after p-1 steps it
+/// owns the fully reduced part `r + 1`, where the all-gather that follows
+/// starts.
 fn ring_reduce_scatter(
     mesh: &TcpMesh,
     cfg: &Config,
@@ -344,7 +349,7 @@ fn ring_reduce_scatter(
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (p, r) = (mesh.size(), mesh.rank());
+    let (p, r) = (mesh.size(), RingOrder::new(mesh.size(), mesh.rank()).pos);
     let esz = dtype.size();
     let count = buf.len() / esz;
     let mut ring = Ring::new(mesh, OP, dtype, op);
@@ -373,12 +378,12 @@ pub(crate) struct Ring {
 
 impl Ring {
     pub(crate) fn new(mesh: &TcpMesh, what: &'static str, dtype: DType, op: ReduceOp) -> Self {
-        let (p, r) = (mesh.size(), mesh.rank());
+        let order = RingOrder::new(mesh.size(), mesh.rank());
         let chunk = (TCP_CHUNK / dtype.size()).max(1) * dtype.size();
         Ring {
             what,
-            next: (r + 1) % p,
-            prev: (r + p - 1) % p,
+            next: order.next(),
+            prev: order.prev(),
             dtype,
             op,
             chunk,
@@ -461,8 +466,9 @@ fn reduce_chunk(
     }
 }
 
-/// Ring all-gather over `p` parts of `buf`, in place, when rank r starts out
-/// holding part `(r + shift) % p`.
+/// Ring all-gather over `p` parts of `buf`, in place, around the ring of
+/// [`RingOrder`], when the rank at ring position r starts out holding part
+/// `(r + shift) % p`.
 pub(crate) fn ring_all_gather(
     mesh: &TcpMesh,
     cfg: &Config,
@@ -471,8 +477,9 @@ pub(crate) fn ring_all_gather(
     esz: usize,
     shift: usize,
 ) -> Result<()> {
-    let (p, r) = (mesh.size(), mesh.rank());
-    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    let order = RingOrder::new(mesh.size(), mesh.rank());
+    let (p, r) = (mesh.size(), order.pos);
+    let (next, prev) = (order.next(), order.prev());
     for s in 0..p - 1 {
         let send = part_bytes(count, p, (r + shift + p - s) % p, esz);
         let recv = part_bytes(count, p, (r + shift + 2 * p - s - 1) % p, esz);

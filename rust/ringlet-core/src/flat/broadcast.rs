@@ -4,8 +4,12 @@
 //! or, for large buffers with cross-memory attach, every rank copies straight
 //! out of the root's buffer (a second phase releases it).
 //!
-//! TCP: the root sends the buffer to every peer at once; `transfer` keeps all
-//! streams busy together.
+//! TCP: a binomial tree rooted at the root, the buffer forwarded in pieces
+//! so that a rank passes piece k on to its children while piece k + 1
+//! arrives. For a power-of-two size the tree's edges join ranks that differ
+//! in one bit (see [`tree`]), the recursive-doubling partners whose streams
+//! the agreement check opens anyway: a broadcast opens no stream of its own,
+//! and the root sends ⌈log2 p⌉ copies instead of p - 1.
 
 use super::{pieces, streams};
 use crate::dtype::DType;
@@ -109,7 +113,39 @@ pub(crate) fn shm_broadcast(
     Ok(())
 }
 
-/// Copies the root's buffer into every other rank's (TCP).
+/// Bytes a rank of the TCP tree forwards at a time: the first piece reaches
+/// a leaf after ⌈log2 p⌉ hops of one piece, not of the whole buffer.
+const TREE_PIECE: usize = 256 << 10;
+
+/// The TCP tree of `rank` for a broadcast from `root` over `p` ranks: its
+/// parent (None at the root) and its children. Ranks are numbered relative
+/// to the root (`v = rank ^ root` for a power-of-two size, else
+/// `rank - root` mod p); relative rank v > 0 hangs under v minus its
+/// highest bit, and has children v + 2^k for every 2^k above v's highest
+/// bit (below p). With xor numbering these edges join ranks one bit apart.
+pub(crate) fn tree(p: usize, rank: usize, root: usize) -> (Option<usize>, Vec<usize>) {
+    let xor = p.is_power_of_two();
+    let rel = |r: usize| if xor { r ^ root } else { (r + p - root) % p };
+    let abs = |v: usize| if xor { v ^ root } else { (v + root) % p };
+    let v = rel(rank);
+    let top = if v == 0 {
+        0
+    } else {
+        1usize << (usize::BITS - 1 - v.leading_zeros())
+    };
+    let parent = (v != 0).then(|| abs(v - top));
+    let mut children = Vec::new();
+    let mut bit = if v == 0 { 1 } else { top << 1 };
+    while v + bit < p {
+        children.push(abs(v + bit));
+        bit <<= 1;
+    }
+    (parent, children)
+}
+
+/// Copies the root's buffer into every other rank's (TCP), down the tree of
+/// [`tree`]: each rank receives its piece k + 1 from its parent while it
+/// sends piece k to all its children.
 pub(crate) fn tcp_broadcast(
     mesh: &TcpMesh,
     cfg: &Config,
@@ -117,17 +153,70 @@ pub(crate) fn tcp_broadcast(
     root: usize,
     op: &'static str,
 ) -> Result<()> {
+    let (parent, children) = tree(mesh.size(), mesh.rank(), root);
     match side {
         Side::Root(b) if !b.is_empty() => {
-            let mut x: Vec<Xfer> = (0..mesh.size())
-                .filter(|&j| j != root)
-                .map(|j| Xfer::send(j, b))
-                .collect();
+            let mut x: Vec<Xfer> = children.iter().map(|&c| Xfer::send(c, b)).collect();
             mesh.transfer(&mut x, op, cfg.timeout)
         }
         Side::Leaf(b) if !b.is_empty() => {
-            mesh.transfer(&mut [Xfer::recv(root, b)], op, cfg.timeout)
+            let Some(parent) = parent else {
+                return Ok(());
+            };
+            if children.is_empty() {
+                return mesh.transfer(&mut [Xfer::recv(parent, b)], op, cfg.timeout);
+            }
+            let n = b.len();
+            let pieces = n.div_ceil(TREE_PIECE);
+            for k in 0..=pieces {
+                // piece k arrives while piece k - 1 goes on
+                let at = |i: usize| (i * TREE_PIECE).min(n);
+                let (done, rest) = b.split_at_mut(at(k));
+                let mut x: Vec<Xfer> = Vec::with_capacity(children.len() + 1);
+                if k < pieces {
+                    x.push(Xfer::recv(parent, &mut rest[..at(k + 1) - at(k)]));
+                }
+                if k > 0 {
+                    let out = &done[at(k - 1)..];
+                    x.extend(children.iter().map(|&c| Xfer::send(c, out)));
+                }
+                mesh.transfer(&mut x, op, cfg.timeout)?;
+            }
+            Ok(())
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tree;
+
+    #[test]
+    fn the_tree_reaches_every_rank_once_over_one_bit_edges() {
+        for p in 1..=40usize {
+            for root in 0..p {
+                let mut reached = vec![0usize; p];
+                reached[root] += 1;
+                for r in 0..p {
+                    let (parent, children) = tree(p, r, root);
+                    assert_eq!(parent.is_none(), r == root, "p={p} root {root} rank {r}");
+                    for c in children {
+                        reached[c] += 1;
+                        assert_eq!(tree(p, c, root).0, Some(r), "p={p} root {root}");
+                        if p.is_power_of_two() {
+                            assert_eq!((c ^ r).count_ones(), 1, "p={p} root {root}");
+                        }
+                    }
+                }
+                assert!(
+                    reached.iter().all(|&n| n == 1),
+                    "p={p} root {root}: {reached:?}"
+                );
+                let (_, at_root) = tree(p, root, root);
+                let depth = usize::BITS - (p.max(1) - 1).leading_zeros();
+                assert_eq!(at_root.len() as u32, depth, "p={p} root {root}");
+            }
+        }
     }
 }

@@ -34,6 +34,59 @@ pub(crate) const CMA_PIECE: usize = 128 << 10;
 /// Messages up to this many bytes take the TCP direct-exchange path.
 pub(crate) const TCP_SMALL: usize = 64 << 10;
 
+/// The order of the ranks around a TCP ring. For a power-of-two size it is
+/// the reflected Gray code: position i holds rank `i ^ (i >> 1)`, so
+/// neighbours on the ring (the last and the first included) differ in one
+/// bit and are among each rank's recursive-doubling partners (rank xor
+/// 2^k), whose streams the agreement check and the small all-reduce open
+/// anyway: a group's collectives then hold ⌈log2 p⌉ streams per rank, not
+/// ⌈log2 p⌉ + 1. Other sizes keep the ranks in order.
+pub(crate) struct RingOrder {
+    p: usize,
+    gray: bool,
+    /// This rank's position.
+    pub(crate) pos: usize,
+}
+
+impl RingOrder {
+    pub(crate) fn new(p: usize, rank: usize) -> Self {
+        let gray = p.is_power_of_two();
+        let pos = if gray {
+            // the inverse of the Gray code: the prefix xor of the bits
+            let mut b = rank;
+            let mut shift = 1;
+            while rank >> shift != 0 {
+                b ^= rank >> shift;
+                shift += 1;
+            }
+            b
+        } else {
+            rank
+        };
+        RingOrder { p, gray, pos }
+    }
+
+    /// The rank at position `i` (mod p).
+    pub(crate) fn rank_at(&self, i: usize) -> usize {
+        let i = i % self.p;
+        if self.gray {
+            i ^ (i >> 1)
+        } else {
+            i
+        }
+    }
+
+    /// The rank this one sends to.
+    pub(crate) fn next(&self) -> usize {
+        self.rank_at(self.pos + 1)
+    }
+
+    /// The rank this one receives from.
+    pub(crate) fn prev(&self) -> usize {
+        self.rank_at(self.pos + self.p - 1)
+    }
+}
+
 /// The element range of part `i` when `count` elements are split into `parts`
 /// contiguous parts as evenly as possible (the first `count % parts` parts get
 /// one element more).
@@ -160,6 +213,25 @@ pub(crate) fn via_f32(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gray_ring_visits_every_rank_and_its_neighbours_differ_in_one_bit() {
+        for p in 2..=64usize {
+            let seen: std::collections::BTreeSet<usize> =
+                (0..p).map(|i| RingOrder::new(p, 0).rank_at(i)).collect();
+            assert_eq!(seen.len(), p, "p={p}");
+            for r in 0..p {
+                let o = RingOrder::new(p, r);
+                assert_eq!(o.rank_at(o.pos), r, "p={p} rank {r}");
+                assert_eq!(RingOrder::new(p, o.next()).prev(), r, "p={p} rank {r}");
+                if p.is_power_of_two() {
+                    assert_eq!((o.next() ^ r).count_ones(), 1, "p={p} rank {r}");
+                } else {
+                    assert_eq!(o.next(), (r + 1) % p, "p={p} rank {r}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn parts_cover_evenly() {

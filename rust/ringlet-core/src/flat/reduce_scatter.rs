@@ -11,7 +11,7 @@
 //! owning block r; float16/bfloat16 travel as float32.
 
 use super::all_reduce::Ring;
-use super::{pieces, Reused, CMA_PIECE};
+use super::{pieces, Reused, RingOrder, CMA_PIECE};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -141,7 +141,7 @@ fn tcp_reduce_scatter(
 }
 
 /// Ring reduce-scatter that leaves `input` untouched; rank r ends with block
-/// r reduced in `output`. At step s rank r sends block r-s-1 to the next rank
+/// r reduced in `output` (below, r is a ring position, see the body). At step s rank r sends block r-s-1 to the next rank
 /// (its own input block at step 0, afterwards the partial sum it built in the
 /// step before) and builds the partial sum of block r-s-2 from its input
 /// block and what the previous rank sent. The last step's partial sum is
@@ -157,8 +157,15 @@ fn ring_reduce_scatter_from(
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (p, r, m) = (mesh.size(), mesh.rank(), output.len());
-    let block = |j: usize| &input[j * m..(j + 1) * m];
+    // Around the ring of `RingOrder`: positions stand in for ranks, and the
+    // block of position j is that of rank_at(j), so position r (this rank)
+    // ends with its own block.
+    let order = RingOrder::new(mesh.size(), mesh.rank());
+    let (p, r, m) = (mesh.size(), order.pos, output.len());
+    let block = |j: usize| {
+        let j = order.rank_at(j);
+        &input[j * m..(j + 1) * m]
+    };
     let mut ring = Ring::new(mesh, OP, dtype, op);
     let mut accs = Reused::new(if p > 2 { 2 * m } else { 0 });
     let (mut built, mut building) = accs.bytes().split_at_mut(if p > 2 { m } else { 0 });

@@ -16,12 +16,14 @@ use crate::error::{Cause, Error, Result};
 use crate::fault::{decode_notice, Tripwire, NOTICE_BYTES};
 use crate::sys;
 use crate::transport::{check_agreement, grace, OpDesc, Waiting, DESC_WORDS};
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, OnceCell};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod lobby;
 
 const HELLO_MAGIC: u64 = 0x5249_4e47_4c45_5401; // "RINGLET\x01"
 /// Longest a blocked transfer sleeps before checking the tripwire again.
@@ -30,8 +32,6 @@ const HANGUP: libc::c_short = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
 
 /// Longest an incoming connection may take to send its hello.
 const HELLO_PATIENCE: Duration = Duration::from_secs(2);
-/// Most connections whose hello is awaited at once (the oldest is dropped).
-const MAX_PENDING_HELLOS: usize = 64;
 /// How long a rank waits on a peer that has not connected yet before it
 /// checks that the peer still listens (and then again as often).
 const PROBE_AFTER: Duration = Duration::from_secs(1);
@@ -54,7 +54,11 @@ struct Hello {
 enum HelloState {
     Waiting,
     Rejected,
-    Peer(usize),
+    /// A whole hello: the group's token and the dialer's rank in it.
+    Done {
+        token: u64,
+        peer: usize,
+    },
 }
 
 impl Hello {
@@ -67,19 +71,15 @@ impl Hello {
         }
     }
 
-    /// Reads what arrived; decides once the hello is complete. Anything but
-    /// the exact hello of a higher rank not yet connected is rejected (the
-    /// connection is then closed): garbage, a short hello followed by the
-    /// end of the stream, silence past `HELLO_PATIENCE`, a wrong token, an
-    /// impossible or duplicate rank. (What follows a good hello is the
-    /// peer's first message: the job token is what authenticates a peer.)
-    fn progress(
-        &mut self,
-        token: u64,
-        rank: usize,
-        size: usize,
-        connected: impl Fn(usize) -> bool,
-    ) -> HelloState {
+    /// Reads what arrived; decides once the hello is complete. Garbage, a
+    /// short hello followed by the end of the stream and silence past
+    /// `HELLO_PATIENCE` are rejected (the connection is then closed); a whole
+    /// hello names the group (its token) and the dialer's rank, which the
+    /// group's mesh checks when it takes the stream (a wrong token never
+    /// reaches a mesh; an impossible or duplicate rank is closed there). What
+    /// follows a good hello is the peer's first message: the group's token
+    /// is what authenticates a peer.
+    fn progress(&mut self) -> HelloState {
         while self.got < HELLO_BYTES {
             match (&self.stream).read(&mut self.buf[self.got..]) {
                 Ok(0) => return HelloState::Rejected,
@@ -101,10 +101,10 @@ impl Hello {
         let Ok(peer) = usize::try_from(word(2)) else {
             return HelloState::Rejected;
         };
-        if magic != HELLO_MAGIC || tok != token || peer <= rank || peer >= size || connected(peer) {
+        if magic != HELLO_MAGIC {
             return HelloState::Rejected;
         }
-        HelloState::Peer(peer)
+        HelloState::Done { token: tok, peer }
     }
 }
 
@@ -222,12 +222,36 @@ pub struct TcpMesh {
 /// What a mesh needs to open streams on demand.
 struct Lazy {
     /// This rank's listening socket (a duplicate of the one whose address
-    /// the peers have): the higher ranks dial it.
+    /// the peers have, which other groups of the process may share): the
+    /// higher ranks dial it.
     listener: TcpListener,
+    /// Its address, which with the token names this mesh in the lobby.
+    at: SocketAddr,
     addrs: Vec<String>,
     token: u64,
-    /// Accepted connections whose hello is still on its way.
-    hellos: RefCell<Vec<Hello>>,
+}
+
+impl Drop for TcpMesh {
+    fn drop(&mut self) {
+        if let Some(lazy) = &self.lazy {
+            lobby::unregister(lazy.at, lazy.token);
+        }
+    }
+}
+
+/// A group registered in the lobby while it connects in full.
+struct Connecting(SocketAddr, u64);
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        lobby::unregister(self.0, self.1);
+    }
+}
+
+fn local_addr(listener: &TcpListener) -> Result<SocketAddr> {
+    listener
+        .local_addr()
+        .map_err(|e| Error::io("the listening socket's address", e))
 }
 
 /// Binds a listening socket on `addr` (port 0 picks a free port).
@@ -265,39 +289,20 @@ impl TcpMesh {
             streams[peer] = Some(s);
         }
         // Accept the higher ranks. Hellos are read from every connection at
-        // once, without blocking: a stray or hostile connection (silent,
-        // truncated, garbage, wrong token, impossible rank) is dropped after
-        // at most HELLO_PATIENCE and never delays the real peers.
+        // once, without blocking (in the lobby of the listener, which other
+        // groups of this process may share): a stray or hostile connection
+        // (silent, truncated, garbage, wrong token, impossible rank) is
+        // dropped after at most HELLO_PATIENCE and never delays the real
+        // peers.
+        let at = local_addr(listener)?;
+        lobby::register(at, token);
+        let _registered = Connecting(at, token);
         let mut missing = size - rank - 1;
-        let mut pending: Vec<Hello> = Vec::new();
         while missing > 0 {
-            loop {
-                match listener.accept() {
-                    Ok((s, _)) => {
-                        if s.set_nonblocking(true).is_ok() {
-                            if pending.len() >= MAX_PENDING_HELLOS {
-                                pending.remove(0);
-                            }
-                            pending.push(Hello::new(s));
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
-                    Err(e) => return Err(Error::io("accept", e)),
-                }
-            }
-            let mut i = 0;
-            while i < pending.len() {
-                match pending[i].progress(token, rank, size, |p| streams[p].is_some()) {
-                    HelloState::Waiting => i += 1,
-                    HelloState::Rejected => {
-                        pending.swap_remove(i);
-                    }
-                    HelloState::Peer(peer) => {
-                        streams[peer] = Some(pending.swap_remove(i).stream);
-                        missing -= 1;
-                    }
+            for (peer, s) in lobby::take(listener, at, token)? {
+                if peer > rank && peer < size && streams[peer].is_none() {
+                    streams[peer] = Some(s);
+                    missing -= 1;
                 }
             }
             if missing == 0 {
@@ -310,14 +315,7 @@ impl TcpMesh {
                     .unwrap_or(rank);
                 return Err(Error::timeout(rank, peer, "init (connect)", timeout));
             }
-            let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
-                .chain(pending.iter().map(|h| h.stream.as_raw_fd()))
-                .map(|fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
+            let mut fds = lobby::pollfds(listener, at);
             sys::poll(&mut fds, (deadline - now).min(POLL_SLICE))?;
         }
         for s in streams.iter().flatten() {
@@ -363,6 +361,8 @@ impl TcpMesh {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("listener set_nonblocking", e))?;
+        let at = local_addr(&listener)?;
+        lobby::register(at, token);
         Ok(TcpMesh {
             rank,
             tails: (0..size).map(|_| Cell::new([0; NOTICE_BYTES])).collect(),
@@ -371,9 +371,9 @@ impl TcpMesh {
             streams: (0..size).map(|_| OnceCell::new()).collect(),
             lazy: Some(Lazy {
                 listener,
+                at,
                 addrs: addrs.to_vec(),
                 token,
-                hellos: RefCell::new(Vec::new()),
             }),
             wire: Tripwire::new(),
             members: Vec::new(),
@@ -405,11 +405,21 @@ impl TcpMesh {
     /// connection completes in the peer's listen backlog, without waiting
     /// for the peer to accept; a refusal means the peer no longer listens.
     fn dial_lower(&self, xfers: &[Xfer<'_>], op: &'static str, timeout: Duration) -> Result<()> {
+        self.dial_peers(xfers.iter().map(Xfer::peer), op, timeout)
+    }
+
+    /// Dials those of `peers` that are lower than this rank and have no
+    /// stream yet (see `dial_lower`).
+    fn dial_peers(
+        &self,
+        peers: impl IntoIterator<Item = usize>,
+        op: &'static str,
+        timeout: Duration,
+    ) -> Result<()> {
         let Some(lazy) = &self.lazy else {
             return Ok(());
         };
-        for x in xfers {
-            let peer = x.peer();
+        for peer in peers {
             if peer >= self.rank || self.connected(peer) {
                 continue;
             }
@@ -438,55 +448,18 @@ impl TcpMesh {
     }
 
     /// Accepts the connections waiting on the listener and reads their
-    /// hellos, without blocking; true when a stream was added.
+    /// hellos, without blocking, and adopts the streams of this group's
+    /// higher ranks (from the lobby, which may hold some that another group
+    /// of this process accepted); true when a stream was added.
     fn accept_higher(&self, timeout: Duration) -> Result<bool> {
         let Some(lazy) = &self.lazy else {
             return Ok(false);
         };
-        let mut hellos = lazy.hellos.borrow_mut();
         let mut added = false;
-        loop {
-            match lazy.listener.accept() {
-                Ok((s, _)) => {
-                    if s.set_nonblocking(true).is_err() {
-                        continue;
-                    }
-                    // A dialer sends its hello with the connection: read it
-                    // now, so that many peers dialing at once (a root's
-                    // first broadcast on a large group) never fill the list
-                    // of hellos still on their way.
-                    let mut h = Hello::new(s);
-                    match h.progress(lazy.token, self.rank, self.size(), |p| self.connected(p)) {
-                        HelloState::Waiting => {
-                            if hellos.len() >= MAX_PENDING_HELLOS {
-                                hellos.remove(0);
-                            }
-                            hellos.push(h);
-                        }
-                        HelloState::Rejected => {}
-                        HelloState::Peer(peer) => {
-                            self.adopt(peer, h.stream, timeout)?;
-                            added = true;
-                        }
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
-                Err(e) => return Err(Error::io("accept", e)),
-            }
-        }
-        let mut i = 0;
-        while i < hellos.len() {
-            match hellos[i].progress(lazy.token, self.rank, self.size(), |p| self.connected(p)) {
-                HelloState::Waiting => i += 1,
-                HelloState::Rejected => {
-                    hellos.swap_remove(i);
-                }
-                HelloState::Peer(peer) => {
-                    self.adopt(peer, hellos.swap_remove(i).stream, timeout)?;
-                    added = true;
-                }
+        for (peer, s) in lobby::take(&lazy.listener, lazy.at, lazy.token)? {
+            if peer > self.rank && peer < self.size() && !self.connected(peer) {
+                self.adopt(peer, s, timeout)?;
+                added = true;
             }
         }
         Ok(added)
@@ -498,14 +471,7 @@ impl TcpMesh {
         let Some(lazy) = &self.lazy else {
             return Vec::new();
         };
-        std::iter::once(lazy.listener.as_raw_fd())
-            .chain(lazy.hellos.borrow().iter().map(|h| h.stream.as_raw_fd()))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect()
+        lobby::pollfds(&lazy.listener, lazy.at)
     }
 
     /// Whether `peer` (which has not connected) still listens: an error
@@ -1074,12 +1040,13 @@ impl TcpMesh {
     ///
     /// Up to `FULL_EXCHANGE_UP_TO` ranks, every rank sends its descriptor to
     /// every other rank. Above that, the ranks first all-reduce the (min,
-    /// max) of their descriptors' digests by dissemination: in round k each
-    /// rank sends 16 bytes to rank + 2^k and receives from rank - 2^k, so
-    /// after ⌈log2 p⌉ rounds (one message each) every rank holds the same
-    /// global pair. Equal bounds: all agree. Otherwise every rank knows it,
-    /// and all exchange their full descriptors as above, to name the ranks
-    /// that disagree.
+    /// max) of their descriptors' digests by recursive doubling (see
+    /// [`doubling_peers`]): log2 p rounds of one 16-byte message each when p
+    /// is a power of two, at most ⌈log2 p⌉ + 1 otherwise, exchanged with the
+    /// same ⌈log2 p⌉ or so peers as the small all-reduce's, so an agreeing
+    /// collective opens no stream its data would not. Equal bounds: all
+    /// agree. Otherwise every rank knows it, and all exchange their full
+    /// descriptors as above, to name the ranks that disagree.
     pub fn agree(&self, desc: &OpDesc, timeout: Duration) -> Result<()> {
         if self.size() > FULL_EXCHANGE_UP_TO {
             let (lo, hi) = self.digest_bounds(desc, timeout)?;
@@ -1091,31 +1058,74 @@ impl TcpMesh {
     }
 
     /// The least and greatest digest of every rank's descriptor, the same
-    /// on every rank: a dissemination all-reduce, one message per round.
+    /// on every rank: a recursive-doubling all-reduce of the pair (min and
+    /// max are exact and commutative, so every rank ends with the same
+    /// bounds whatever the order).
     fn digest_bounds(&self, desc: &OpDesc, timeout: Duration) -> Result<(u64, u64)> {
-        let (p, me) = (self.size(), self.rank);
-        let (mut lo, mut hi) = (desc.digest(), desc.digest());
-        let mut step = 1;
-        while step < p {
-            let mut mine = [0u8; 16];
-            mine[..8].copy_from_slice(&lo.to_le_bytes());
-            mine[8..].copy_from_slice(&hi.to_le_bytes());
+        let what = desc.kind.name();
+        let mut bounds = (desc.digest(), desc.digest());
+        let steps = doubling_peers(self.size(), self.rank);
+        // Every lower partner is dialed before the first step (a dial never
+        // waits): a rank stuck in an early step, waiting for a rank that
+        // does not come, still has streams to its later partners, so they
+        // read its notice when it fails and follow the blame to that rank
+        // instead of naming it.
+        self.dial_peers(steps.iter().map(|s| s.peer()), what, timeout)?;
+        for (i, step) in steps.into_iter().enumerate() {
+            let mine = encode_bounds(bounds);
             let mut theirs = [0u8; 16];
-            self.transfer(
-                &mut [
-                    Xfer::send((me + step) % p, &mine),
-                    Xfer::recv((me + p - step) % p, &mut theirs),
-                ],
-                desc.kind.name(),
-                timeout,
-            )?;
-            self.agree_sent.set(self.agree_sent.get() + 1);
-            let word = |i: usize| u64::from_le_bytes(theirs[i..i + 8].try_into().unwrap_or([0; 8]));
-            lo = lo.min(word(0));
-            hi = hi.max(word(8));
-            step *= 2;
+            let done = match step {
+                Step::Swap(peer) => self.transfer(
+                    &mut [Xfer::send(peer, &mine), Xfer::recv(peer, &mut theirs)],
+                    what,
+                    timeout,
+                ),
+                Step::Give(peer) => self.transfer(&mut [Xfer::send(peer, &mine)], what, timeout),
+                Step::Take(peer) => {
+                    self.transfer(&mut [Xfer::recv(peer, &mut theirs)], what, timeout)
+                }
+            };
+            if let Err(e) = done {
+                return Err(self.chained(e, i, step.peer(), what, timeout));
+            }
+            let got = !matches!(step, Step::Give(_));
+            if !matches!(step, Step::Take(_)) {
+                self.agree_sent.set(self.agree_sent.get() + 1);
+            }
+            if got {
+                let (lo, hi) = decode_bounds(&theirs);
+                bounds = (bounds.0.min(lo), bounds.1.max(hi));
+            }
         }
-        Ok((lo, hi))
+        Ok(bounds)
+    }
+
+    /// The error of an agreement step that failed. Past the first step, a
+    /// partner that never sent may be waiting itself, in an earlier step,
+    /// for a rank that does not come (its own partners then time out a
+    /// little before this rank does): this rank's own timeout waits up to
+    /// one more grace for the partner's notice and, when it names another
+    /// rank, reports that one, as the partner's peers do, so that the
+    /// verdict this rank tells its own peers is the end of the chain.
+    fn chained(
+        &self,
+        e: Error,
+        step: usize,
+        peer: usize,
+        what: &'static str,
+        timeout: Duration,
+    ) -> Error {
+        let first_hand = matches!(&e, Error::Timeout { via: None, .. });
+        if step == 0 || !first_hand || self.wire.tripped() || !self.connected(peer) {
+            return e;
+        }
+        let me = self.global(self.rank);
+        match self.await_notice(peer, Instant::now() + grace(timeout)) {
+            Some((culprit, cause)) if culprit != me => {
+                Error::from_notice(self.rank, peer, what, culprit, cause)
+            }
+            _ => e,
+        }
     }
 
     /// Every rank sends its descriptor to every other rank, so all ranks see
@@ -1160,6 +1170,71 @@ impl TcpMesh {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
+}
+
+/// One step of a recursive-doubling all-reduce, as this rank sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Send this rank's value to the peer and receive the peer's.
+    Swap(usize),
+    /// Only send (a rank folded into its partner, or the result handed back).
+    Give(usize),
+    /// Only receive.
+    Take(usize),
+}
+
+/// The steps of rank `me` in a recursive-doubling all-reduce over `p`
+/// ranks, the same pairing as the small TCP all-reduce's: with `q` the
+/// largest power of two not above `p`, the first `2(p - q)` ranks pair up
+/// (even with odd) and the even one folds its value into the odd one
+/// (`Give`, then `Take` of the result at the end); the `q` remaining
+/// participants swap with the participant whose index differs in bit k, for
+/// each k. The peers are rank xor 2^k when p is a power of two: ⌈log2 p⌉ or
+/// so distinct streams, whatever the collective that needs them.
+pub(crate) fn doubling_peers(p: usize, me: usize) -> Vec<Step> {
+    if p < 2 {
+        return Vec::new();
+    }
+    let q = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let extra = p - q;
+    let holder = |i: usize| if i < extra { 2 * i + 1 } else { i + extra };
+    let mut steps = Vec::new();
+    if me < 2 * extra {
+        if me.is_multiple_of(2) {
+            return vec![Step::Give(me + 1), Step::Take(me + 1)];
+        }
+        steps.push(Step::Take(me - 1));
+    }
+    let i = if me < 2 * extra { me / 2 } else { me - extra };
+    let mut mask = 1;
+    while mask < q {
+        steps.push(Step::Swap(holder(i ^ mask)));
+        mask <<= 1;
+    }
+    if me < 2 * extra {
+        steps.push(Step::Give(me - 1));
+    }
+    steps
+}
+
+impl Step {
+    pub(crate) fn peer(&self) -> usize {
+        match *self {
+            Step::Swap(p) | Step::Give(p) | Step::Take(p) => p,
+        }
+    }
+}
+
+fn encode_bounds((lo, hi): (u64, u64)) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&lo.to_le_bytes());
+    b[8..].copy_from_slice(&hi.to_le_bytes());
+    b
+}
+
+fn decode_bounds(b: &[u8; 16]) -> (u64, u64) {
+    let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    (word(0), word(8))
 }
 
 fn dial(rank: usize, peer: usize, addr: &str, deadline: Instant) -> Result<TcpStream> {
@@ -1268,6 +1343,91 @@ mod tests {
         }
     }
 
+    /// The distinct peers of `rank`'s recursive-doubling steps.
+    fn doubling_partners(p: usize, rank: usize) -> Vec<usize> {
+        let mut v: Vec<usize> = doubling_peers(p, rank)
+            .into_iter()
+            .map(|s| match s {
+                Step::Swap(x) | Step::Give(x) | Step::Take(x) => x,
+            })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn doubling_steps_pair_up_and_reach_every_rank() {
+        for p in 2..=33 {
+            // every send has its receive on the peer, in the same order
+            let steps: Vec<Vec<Step>> = (0..p).map(|r| doubling_peers(p, r)).collect();
+            for (r, mine) in steps.iter().enumerate() {
+                for (k, s) in mine.iter().enumerate() {
+                    let (peer, want) = match *s {
+                        Step::Swap(x) => (x, Step::Swap(r)),
+                        Step::Give(x) => (x, Step::Take(r)),
+                        Step::Take(x) => (x, Step::Give(r)),
+                    };
+                    let theirs: Vec<&Step> = steps[peer].iter().filter(|t| **t == want).collect();
+                    assert_eq!(theirs.len(), 1, "p={p} rank {r} step {k}");
+                }
+            }
+            // a simulation: the ranks whose value each rank holds
+            let mut held: Vec<std::collections::BTreeSet<usize>> =
+                (0..p).map(|r| std::iter::once(r).collect()).collect();
+            let mut pos = vec![0usize; p];
+            loop {
+                let mut moved = false;
+                for r in 0..p {
+                    let Some(&s) = steps[r].get(pos[r]) else {
+                        continue;
+                    };
+                    let peer = match s {
+                        Step::Swap(x) | Step::Give(x) | Step::Take(x) => x,
+                    };
+                    let Some(&t) = steps[peer].get(pos[peer]) else {
+                        continue;
+                    };
+                    let back = match t {
+                        Step::Swap(x) | Step::Give(x) | Step::Take(x) => x,
+                    };
+                    if back != r || peer < r && matches!(s, Step::Swap(_)) {
+                        continue;
+                    }
+                    match (s, t) {
+                        (Step::Swap(_), Step::Swap(_)) => {
+                            let u: std::collections::BTreeSet<usize> =
+                                held[r].union(&held[peer]).copied().collect();
+                            held[r] = u.clone();
+                            held[peer] = u;
+                        }
+                        (Step::Give(_), Step::Take(_)) => {
+                            let u = held[r].clone();
+                            held[peer].extend(u);
+                        }
+                        (Step::Take(_), Step::Give(_)) => continue,
+                        _ => panic!("p={p}: rank {r} {s:?} meets rank {peer} {t:?}"),
+                    }
+                    pos[r] += 1;
+                    pos[peer] += 1;
+                    moved = true;
+                }
+                if !moved {
+                    break;
+                }
+            }
+            for r in 0..p {
+                assert_eq!(pos[r], steps[r].len(), "p={p}: rank {r} stuck");
+                assert_eq!(held[r].len(), p, "p={p}: rank {r} holds {:?}", held[r]);
+                let sends = steps[r]
+                    .iter()
+                    .filter(|s| !matches!(s, Step::Take(_)))
+                    .count() as u64;
+                assert!(sends <= log2_ceil(p) + 1, "p={p} rank {r}: {sends} sends");
+            }
+        }
+    }
+
     fn log2_ceil(p: usize) -> u64 {
         u64::from(usize::BITS - (p - 1).leading_zeros())
     }
@@ -1342,14 +1502,23 @@ mod tests {
             });
             for (rank, (results, sent, streams)) in out.iter().enumerate() {
                 if lazy {
-                    // none at creation; the dissemination partners (rank ± 2^k)
+                    // none at creation; the doubling partners (rank xor 2^k
+                    // for a power of two, else also the folding partner)
                     // after an agreeing call; every peer once a mismatch
                     // needed the full exchange
                     assert_eq!(streams[0], 0, "p={p}");
-                    let partners: std::collections::BTreeSet<usize> = (0..log2_ceil(p))
-                        .flat_map(|k| [(rank + (1 << k)) % p, (rank + p - (1 << k) % p) % p])
-                        .collect();
+                    let partners: std::collections::BTreeSet<usize> = if p > FULL_EXCHANGE_UP_TO {
+                        doubling_partners(p, rank).into_iter().collect()
+                    } else {
+                        (0..p).filter(|&q| q != rank).collect()
+                    };
                     assert_eq!(streams[1], partners.len(), "p={p} rank {rank}");
+                    assert!(partners.len() as u64 <= log2_ceil(p), "p={p} rank {rank}");
+                    if p.is_power_of_two() {
+                        let xor: std::collections::BTreeSet<usize> =
+                            (0..log2_ceil(p)).map(|k| rank ^ (1 << k)).collect();
+                        assert_eq!(partners, xor, "p={p} rank {rank}");
+                    }
                     assert_eq!(streams[2], p - 1, "p={p}");
                 }
                 for (i, r) in results.iter().enumerate() {
@@ -1376,7 +1545,7 @@ mod tests {
                         sent[i]
                     );
                 }
-                if p > FULL_EXCHANGE_UP_TO {
+                if p > FULL_EXCHANGE_UP_TO && p.is_power_of_two() {
                     assert_eq!(sent[0], log2_ceil(p), "p={p}");
                     // a mismatch then takes the full exchange, to name the ranks
                     assert_eq!(sent[1], log2_ceil(p) + p as u64 - 1, "p={p}");
