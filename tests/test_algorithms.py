@@ -545,9 +545,11 @@ def test_every_algorithm_learns_digits() -> None:
         assert acc["exact"] > 0.9, acc
         for name, a in acc.items():
             if name == "async":
-                # how often it averaged depends on the machine's load: each
-                # replica must learn, not match the synchronous runs
-                assert a > 0.85, (rank, name, acc)
+                # how often it averaged, and how stale the averages it mixed
+                # in were, depends on the machine's load: each replica must
+                # learn (chance is 0.1), not match the synchronous runs
+                # (0.88-0.95 here; 0.82 seen once in a loaded CI run)
+                assert a > 0.75, (rank, name, acc)
             else:
                 assert a >= acc["exact"] - 0.03, (rank, name, acc)
 
