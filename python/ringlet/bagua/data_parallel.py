@@ -146,7 +146,7 @@ class BaguaDistributedDataParallel:
         _agree(process_group, f"{_describe(algorithm)} do_flatten={gradient_as_bucket_view}",
                "algorithms for with_bagua")
         self.module = module
-        self.bagua_module_name = bagua_module_name or f"{type(module).__name__}_{id(module)}"
+        self.bagua_module_name = bagua_module_name or _fresh_name(type(module).__name__, module)
         self.bagua_optimizers = list(optimizers)
         self.process_group = process_group
         self.gradient_as_bucket_view = gradient_as_bucket_view
@@ -401,6 +401,15 @@ class BaguaDistributedDataParallel:
 _module_ids = itertools.count()
 
 
+def _fresh_name(kind: str, module: torch.nn.Module) -> str:
+    """A model's name for the tensor API, unique in this process: Bagua's
+    ``<class>_<id>`` and a counter, since a model collected while its
+    registration lives on (its wrapper not yet released) leaves its id to
+    the next object, whose registration would then meet the old one's
+    tensors."""
+    return f"{kind}_{id(module)}_{next(_module_ids)}"
+
+
 def with_ringlet(
     self: torch.nn.Module,
     optimizers: list[torch.optim.Optimizer],
@@ -440,7 +449,7 @@ def with_ringlet(
         process_group = _default_group()
     name = self.__dict__.get("ringlet_module_name")
     if name is None:
-        name = f"{type(self).__name__}_{id(self)}"
+        name = _fresh_name(type(self).__name__, self)
         self.ringlet_module_name = name
     self.bagua_ddp = BaguaDistributedDataParallel(
         self, optimizers=optimizers, algorithm=algorithm, process_group=process_group,
@@ -516,7 +525,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.module = module
         name = module.__dict__.get("ringlet_module_name")
         if name is None:
-            name = f"{type(self).__name__}_{id(module)}"
+            name = _fresh_name(type(self).__name__, module)
             module.ringlet_module_name = name
         self.inner = BaguaDistributedDataParallel(
             module, list(optimizers or []), algorithm, _to_bagua_group(process_group),
