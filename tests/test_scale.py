@@ -107,23 +107,10 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
 
 
 def _listening() -> int:
-    """Listening TCP sockets this process holds."""
-    import os
+    """Listening TCP sockets this process holds (the store may listen on ::)."""
+    from ringlet.bench.scale import _sockets
 
-    mine = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            mine.add(target[8:-1])
-    n = 0
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):  # the store may listen on ::
-        with open(table) as f:
-            next(f)
-            n += sum(1 for line in f if line.split()[3] == "0A" and line.split()[9] in mine)
-    return n
+    return _sockets(listening=True)
 
 
 def want_sum(world: int) -> float:

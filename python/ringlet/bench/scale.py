@@ -65,8 +65,9 @@ from .soak import _free_port
 SIZES = (4 << 10, 1 << 20)
 
 
-def _sockets() -> int:
-    """TCP sockets this process holds (listening ones included)."""
+def _sockets(listening: bool = False) -> int:
+    """TCP sockets this process holds (listening ones included), or with
+    ``listening`` only those that listen."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -80,7 +81,7 @@ def _sockets() -> int:
         try:
             with open(table) as f:
                 next(f)
-                tcp.update(line.split()[9] for line in f)
+                tcp.update(w[9] for w in map(str.split, f) if not listening or w[3] == "0A")
         except OSError:
             pass
     return len(inodes & tcp)
