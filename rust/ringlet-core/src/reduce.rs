@@ -15,6 +15,7 @@ use bytemuck::Pod;
 use half::{bf16, f16};
 
 mod half_simd;
+pub use half_simd::selected_kernels;
 
 fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T]> {
     if bytes.is_empty() {

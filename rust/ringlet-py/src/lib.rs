@@ -490,6 +490,31 @@ fn native_error(err: usize) -> PyErr {
     }
 }
 
+/// The SIMD variant of each vector kernel on this CPU: the float16 and
+/// bfloat16 reductions and conversions and the MinMaxUInt8 codec, chosen at
+/// run time (`"avx512f+f16c"`, `"avx2+f16c"`, `"avx2"`, `"portable"`, ...),
+/// and the instruction set the float32, float64 and integer loops were
+/// compiled for (the compiler vectorises them; no run-time choice).
+#[pyfunction]
+fn simd_kernels() -> std::collections::BTreeMap<&'static str, &'static str> {
+    let mut kernels: std::collections::BTreeMap<_, _> =
+        core::reduce::selected_kernels().into_iter().collect();
+    kernels.insert("minmax_uint8 codec", core::algorithms::codec::selected_kernel());
+    let compiled = if cfg!(target_feature = "avx512f") {
+        "avx512f (compiled in)"
+    } else if cfg!(target_feature = "avx2") {
+        "avx2 (compiled in)"
+    } else if cfg!(target_feature = "sse2") {
+        "sse2 (compiled in)"
+    } else if cfg!(target_arch = "aarch64") {
+        "neon (compiled in)"
+    } else {
+        "scalar (compiled in)"
+    };
+    kernels.insert("float32/float64/integer reduce", compiled);
+    kernels
+}
+
 /// Identity of this machine (hostname and boot id).
 #[pyfunction]
 fn host_identity() -> String {
@@ -526,6 +551,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add(name, code)?;
     }
     m.add_function(wrap_pyfunction!(host_identity, m)?)?;
+    m.add_function(wrap_pyfunction!(simd_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(abort_domain, m)?)?;
     m.add_function(wrap_pyfunction!(capi_table, m)?)?;
     m.add_function(wrap_pyfunction!(native_group, m)?)?;

@@ -81,6 +81,13 @@ const EPS_F64: f64 = 1e-7;
 /// `Q` for float64 chunks.
 const Q_F64: f64 = 255.0;
 
+/// The kernel variant compression and decompression run on this CPU (the
+/// run-time choice described above): `"avx512f+f16c"`, `"avx2+f16c"` or
+/// `"portable"`.
+pub fn selected_kernel() -> &'static str {
+    Isa::best().name()
+}
+
 /// Bytes of a compressed chunk's header: 8 (`mn`, `mx` as float32) for
 /// float32, float16 and bfloat16, 16 (float64) for float64. Other dtypes
 /// cannot be compressed (the functions below reject them); they get 8.
@@ -399,6 +406,17 @@ impl Isa {
             }
         }
         Isa::Portable
+    }
+
+    /// The variant's name, as `python -m ringlet info` shows it.
+    fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2(_) => "avx2+f16c",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(_) => "avx512f+f16c",
+        }
     }
 
     /// Every variant this CPU runs.

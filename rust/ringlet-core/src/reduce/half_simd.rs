@@ -157,6 +157,42 @@ pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
     portable::narrow(src, dst, portable::f32_to_bf16_bits)
 }
 
+/// The variant each kernel above runs on this CPU, chosen by the same
+/// feature checks as the calls (`python -m ringlet info` reports them):
+/// `(kernel, variant)` for the float16 and bfloat16 reductions and
+/// conversions, the variant one of `"avx512f+f16c"`, `"avx512f"`,
+/// `"avx2+f16c"`, `"avx2"` or `"portable"`.
+pub fn selected_kernels() -> [(&'static str, &'static str); 4] {
+    #[allow(unused_mut)]
+    let (mut f16_reduce, mut bf16_reduce, mut f16_convert, mut bf16_convert) =
+        ("portable", "portable", "portable", "portable");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if x86::has_avx512() {
+            (f16_reduce, bf16_reduce) = ("avx512f+f16c", "avx512f");
+        } else {
+            if x86::has_f16c() {
+                f16_reduce = "avx2+f16c";
+            }
+            if x86::has_avx2() {
+                bf16_reduce = "avx2";
+            }
+        }
+        if x86::has_f16c() {
+            f16_convert = "avx2+f16c";
+        }
+        if x86::has_avx2() {
+            bf16_convert = "avx2";
+        }
+    }
+    [
+        ("float16 reduce", f16_reduce),
+        ("bfloat16 reduce", bf16_reduce),
+        ("float16 convert", f16_convert),
+        ("bfloat16 convert", bf16_convert),
+    ]
+}
+
 /// Copies up to `L` elements into a zero-padded group.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[inline(always)]
