@@ -119,9 +119,10 @@ def test_python_process_group_fallback_says_so() -> None:
 
 
 _FIRST_USE = """
-import time, torch, torch.distributed as dist
+import pathlib, time, torch, torch.distributed as dist
 import ringlet.c10d
 from ringlet import _native
+_native._PREBUILT = pathlib.Path("/nonexistent")  # as a torch the wheel has no library for
 t = time.monotonic()
 dist.init_process_group("ringlet", store=dist.HashStore(), rank=0, world_size=1)
 x = torch.arange(4.0)
@@ -133,8 +134,9 @@ dist.destroy_process_group()
 
 
 def test_first_use_builds_in_the_background_and_later_processes_go_native(tmp_path: Any) -> None:
-    """With no library built for this torch (a fresh extension directory),
-    the first group does not wait for a compiler: it runs on the Python
+    """With no library built for this torch (a fresh extension directory, and
+    the wheel's prebuilt library out of sight), the first group does not wait
+    for a compiler: it runs on the Python
     ProcessGroup, says why, and one detached build starts; a process that
     starts after that build is done gets the native Backend."""
     import subprocess
@@ -164,6 +166,170 @@ def test_first_use_builds_in_the_background_and_later_processes_go_native(tmp_pa
     assert (tmp_path / name / f"{name}.so").is_file(), sorted(p.name for p in tmp_path.iterdir())
     kind, _, why = run()
     assert kind == "native", (kind, why)
+
+
+# -- without the native Backend: said once, with the reason; a failed build remembered --
+
+_FAKE_CXX = """#!/bin/sh
+case "$1" in --version|-v|-dumpversion) echo "g++ (fake) 12.2.0"; exit 0;; esac
+echo "$0" >> "$(dirname "$0")/calls"
+echo "backend.cpp:1:1: error: simulated compiler failure" >&2
+exit 1
+"""
+
+
+def _fake_compiler(tmp_path: Any) -> Any:
+    """A ``CXX`` that answers torch's version check and fails every compile
+    with its own error line, counting the compiles in ``calls`` beside it."""
+    cxx = tmp_path / "bin" / "cxx"
+    cxx.parent.mkdir()
+    cxx.write_text(_FAKE_CXX)
+    cxx.chmod(0o755)
+    return cxx
+
+
+def _compiles(cxx: Any) -> int:
+    calls = cxx.parent / "calls"
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+def _wait_for_background_build(cache: Any) -> None:
+    """Until the detached build's own marker (``<name>.building``) is gone."""
+    deadline = time.monotonic() + 120
+    while any(cache.glob("*.building")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(cache.glob("*.building")), "the background build did not end within 120 s"
+
+
+_OTHER_TORCH = "2.12.0+cpu"
+
+
+def _other_torch_job(rank: int, world: int, port: int) -> dict[str, Any]:
+    """Acts out a torch the wheel has no library for (``_native`` compares
+    ``_torch_version()``), keeps the ``ringlet`` logger's warnings, makes the
+    default group and one more ringlet group, and runs a collective."""
+    import logging
+
+    from ringlet import _native
+    from ringlet.c10d import backend_kind
+
+    _native._torch_version = lambda: _OTHER_TORCH
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING:
+                said.append(record.getMessage())
+
+    logging.getLogger("ringlet").addHandler(Keep())
+    _init(rank, world, port)
+    sub = dist.new_group(backend="ringlet")
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t, group=sub)
+    assert t.tolist() == [3.0] * 3, t
+    out = {"said": said, "kind": backend_kind(), "reason": _native.reason()}
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_torch_without_a_prebuilt_library_falls_back_once_with_the_reason(
+    tmp_path: Any,
+) -> None:
+    """2 ranks under a torch whose version differs from the wheel's
+    (simulated): both run on the Python ProcessGroup; rank 0 alone says so,
+    once for its two groups, with the reason (no library for that torch, a
+    build under way and its log), what the Python group lacks and how to fix
+    it; rank 1 says nothing."""
+    cache = tmp_path / "ext"
+    cxx = _fake_compiler(tmp_path)
+    out = launch(2, _other_torch_job, free_port(), init=False, timeout=120,
+                 env={"TORCH_EXTENSIONS_DIR": str(cache), "CXX": str(cxx),
+                      "RINGLET_NATIVE": "auto"})
+    _wait_for_background_build(cache)  # the one build the ranks started, failing at once
+    assert out[0]["kind"] == out[1]["kind"] == "python", out
+    assert len(out[0]["said"]) == 1 and out[1]["said"] == [], out
+    msg = out[0]["said"][0]
+    assert "runs on the Python ProcessGroup" in msg and out[0]["reason"] in msg, msg
+    assert f"torch {_OTHER_TORCH}" in msg and "background process" in msg, msg
+    assert f"log: {cache}" in msg, msg
+    for lacks in ("'cpu:ringlet,cuda:nccl'", "dist.shrink_group", "RINGLET_NATIVE=0"):
+        assert lacks in msg, (lacks, msg)
+    assert _compiles(cxx) >= 1  # the background build did run the compiler
+
+
+_ONE_RANK = """
+import json, sys, torch, torch.distributed as dist
+import ringlet.c10d
+from ringlet import _native
+_native._torch_version = lambda: "2.12.0+cpu"
+try:
+    dist.init_process_group("ringlet", store=dist.HashStore(), rank=0, world_size=1)
+except RuntimeError as e:
+    print(json.dumps({"raised": str(e)}))
+    sys.exit(0)
+dist.new_group(backend="ringlet")
+x = torch.arange(4.0)
+dist.all_reduce(x)
+assert x.tolist() == [0.0, 1.0, 2.0, 3.0], x
+print(json.dumps({"kind": ringlet.c10d.backend_kind(), "reason": _native.reason()}))
+dist.destroy_process_group()
+"""
+
+
+def test_a_failed_build_is_remembered_until_the_environment_changes(tmp_path: Any) -> None:
+    """A compiler that fails (``CXX`` a script that prints an error and exits
+    1) in a fresh extension directory: the first process starts the
+    background build, which fails and leaves ``<name>.failed``; the next
+    process is not built for again and warns once with the compiler's own
+    error line and the log's path; ``RINGLET_NATIVE=0`` silences it;
+    changing the environment (``CXXFLAGS``) builds again;
+    ``RINGLET_NATIVE=1`` raises with the compiler's error, not its command."""
+    import json
+    import subprocess
+    import sys
+
+    cache = tmp_path / "ext"
+    cxx = _fake_compiler(tmp_path)
+    base = dict(os.environ, TORCH_EXTENSIONS_DIR=str(cache), CXX=str(cxx),
+                RINGLET_NATIVE="auto")
+    warning = "runs on the Python ProcessGroup"
+
+    def run(**extra: str) -> tuple[dict[str, Any], str]:
+        done = subprocess.run([sys.executable, "-c", _ONE_RANK], env={**base, **extra},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+    out, err = run()
+    assert out["kind"] == "python" and "background process" in out["reason"], out
+    assert err.count(warning) == 1, err
+    _wait_for_background_build(cache)
+    first = _compiles(cxx)
+    assert first >= 1 and len(list(cache.glob("*.failed"))) == 1, sorted(cache.iterdir())
+    log = next(cache.glob("*.log"))
+    assert "simulated compiler failure" in log.read_text()
+
+    out, err = run()  # the same environment: remembered, not built again
+    assert out["kind"] == "python", out
+    assert "failed earlier" in out["reason"], out
+    assert "backend.cpp:1:1: error: simulated compiler failure" in out["reason"], out
+    assert "-MMD" not in out["reason"] and f"full log: {log}" in out["reason"], out
+    assert err.count(warning) == 1 and "simulated compiler failure" in err, err
+    assert not any(cache.glob("*.building")) and _compiles(cxx) == first
+
+    out, err = run(RINGLET_NATIVE="0")
+    assert out["kind"] == "python" and warning not in err, err
+
+    out, _ = run(RINGLET_NATIVE="1")  # asked for: the error carries the cause
+    assert "simulated compiler failure" in out["raised"], out
+    assert "-MMD" not in out["raised"] and "full log:" in out["raised"], out
+    assert _compiles(cxx) > first
+    tried = _compiles(cxx)
+
+    out, err = run(CXXFLAGS="-DRINGLET_SOMETHING_ELSE")  # another environment: built again
+    assert "background process" in out["reason"], out
+    _wait_for_background_build(cache)
+    assert _compiles(cxx) > tried
 
 
 # -- issue order between the doors ---------------------------------------------------
