@@ -347,3 +347,21 @@ def test_main_job_says_what_it_measured(tmp_path: Path) -> None:
         out,
         re.M,
     ), out
+
+
+def test_transports_without_cross_memory_attach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a second process may not read this one's memory (Yama's
+    ptrace_scope 1 between sibling ranks, a seccomp profile), the report says
+    so, and warns that ringlet.rpc's single-copy path needs RINGLET_CMA=0."""
+    denied = {"shm": "ok", "cma": "process_vm_readv: Operation not permitted"}
+    monkeypatch.setattr(info, "_probe_peer_access", lambda: denied)
+    for k in ("RINGLET_CMA", "RINGLET_TRANSPORT"):
+        monkeypatch.delenv(k, raising=False)
+    tr = info._transports_section()
+    assert tr["between_ranks_on_this_host"] == info.describe_transport("shm")
+    cma = tr["cross_memory_attach"]
+    assert cma["available"] is False and cma["detail"] == denied["cma"]
+    assert "RINGLET_CMA=0" in cma["note"]
+    monkeypatch.setenv("RINGLET_CMA", "0")
+    cma = info._transports_section()["cross_memory_attach"]
+    assert cma["enabled"] is False and cma["note"] is None

@@ -429,6 +429,17 @@ def _probe_peer_access() -> dict[str, str]:
         os.close(fd)
 
 
+# Collectives stage through shared memory unless RINGLET_CMA_THRESHOLD is set, but
+# ringlet.rpc reads large tensors of a worker on the same host from its memory
+# (rust/ringlet-core/src/rpc/agent.rs) without checking that it may.
+_RPC_NOTE = (
+    "collectives stage through shared memory and do not need it (unless "
+    "RINGLET_CMA_THRESHOLD is set), but ringlet.rpc reads tensors of 64 KiB or more "
+    "(RINGLET_RPC_SINGLE_COPY_MIN) from a worker on this host with process_vm_readv, "
+    "which fails here: set RINGLET_CMA=0 for RPC jobs"
+)
+
+
 def _ptrace_scope() -> Optional[int]:
     try:
         return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip())
@@ -559,6 +570,7 @@ def _transports_section() -> dict[str, Any]:
             "detail": (
                 "process_vm_readv from another process works" if cma_ok else probe.get("cma")
             ),
+            "note": None if cma_ok or not cma_on else _RPC_NOTE,
         },
         "tcp": {"interfaces": interfaces, "listens_on": _picked_address(interfaces)},
     }
@@ -681,7 +693,10 @@ def render(report: dict[str, Any]) -> str:
             ("platform", m["platform"]),
             ("cpu", m["cpu"]),
             ("cpus usable / online", f"{m['cpus_usable']} / {m['cpus_online']}"),
-            ("load average (1, 5, 15 min)", m["load_average"]),
+            (
+                "load average (1, 5, 15 min)",
+                ", ".join(map(str, m["load_average"])) if m["load_average"] else None,
+            ),
             ("vector extensions", flags),
         ],
     )
@@ -747,6 +762,8 @@ def render(report: dict[str, Any]) -> str:
             else "no Yama (processes of one user may read each other)",
         ),
     ]
+    if cma.get("note"):
+        rows.append(("note", cma["note"]))
     for i in tcp["interfaces"]:
         state = ", ".join(x for x, on in (("up", i["up"]), ("loopback", i["loopback"])) if on)
         rows.append(
