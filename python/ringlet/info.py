@@ -22,6 +22,7 @@ It builds nothing, starts no job and changes nothing: the probes are a memory
 file, a mapping and one short child process.
 
 Example:
+  >>> import torch
   >>> from ringlet import info
   >>> report = info.collect()
   >>> report["torch"]["version"] == torch.__version__
