@@ -127,7 +127,12 @@ def _torch_section() -> dict[str, Any]:
         "distributed": bool(torch.distributed.is_available()),
     }
     try:
-        points = metadata.entry_points(group="torch.backends")
+        found = metadata.entry_points()
+        points = (  # Python 3.9's entry_points() is a dict of groups
+            found.select(group="torch.backends")
+            if hasattr(found, "select")
+            else found.get("torch.backends", [])  # type: ignore[attr-defined]
+        )
         out["registers_ringlet_at_import"] = any(p.name == "ringlet" for p in points) and (
             os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "0"
         )
