@@ -90,11 +90,16 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
 
 
-# A waiting rank spins this many times before it yields when every rank of
-# the host has a core of its own; with more ranks than cores on a host a
-# spinning rank takes the core a peer it waits for needs, so it spins briefly.
+# A waiting rank spins this many times, then for up to _SPIN_US µs in all,
+# before it parks on a futex the writer wakes, when every rank of the host
+# has a core of its own; with more ranks than cores on a host a spinning rank
+# takes the core a peer it waits for needs, so it spins briefly and parks.
+# It never yields by default: a yield hands a busy neighbour (another job,
+# data-loader workers, the caller's own threads) the core for its whole
+# scheduler slice (docs/design.md, "Waiting").
 _SPINS_DEDICATED = 2000
 _SPINS_SHARED = 30
+_SPIN_US = 50
 
 
 def _cores() -> int:
@@ -112,6 +117,7 @@ def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, An
     between them: hosts simulated on one machine) makes a waiting rank park
     instead of yielding its CPU in a loop, which would keep the CPU from the
     ranks and the network stack it waits for."""
+    dedicated = local_ranks <= _cores() and not crowded
     mode = os.environ.get("RINGLET_TRANSPORT", "auto").lower()
     if mode not in ("auto", "tcp", "shm"):
         raise ValueError(f"RINGLET_TRANSPORT={mode!r}: expected 'auto', 'shm' or 'tcp'")
@@ -123,16 +129,10 @@ def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, An
         # path is faster here at every size; see DEFAULT_CMA_THRESHOLD in group.rs).
         "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", (1 << 64) - 1),
         "small_bytes": _env_int("RINGLET_SMALL_BYTES", 2 << 10),
-        "spins": _env_int(
-            "RINGLET_SPIN",
-            _SPINS_DEDICATED if local_ranks <= _cores() and not crowded else _SPINS_SHARED,
-        ),
-        "yield_us": _env_int("RINGLET_YIELD_US", 0 if crowded else _YIELD_US),
+        "spins": _env_int("RINGLET_SPIN", _SPINS_DEDICATED if dedicated else _SPINS_SHARED),
+        "spin_us": _env_int("RINGLET_SPIN_US", _SPIN_US if dedicated else 0),
+        "yield_us": _env_int("RINGLET_YIELD_US", 0),
     }
-
-
-# How long a waiting rank yields its CPU (after spinning) before it parks.
-_YIELD_US = 2000
 
 
 class _HostTable(list):  # type: ignore[type-arg]

@@ -12,6 +12,8 @@ Example:
   torchrun --nproc_per_node 2 -m ringlet.bench c10d
   torchrun --nproc_per_node 4 -m ringlet.bench c10d --what ops --budget 1
   torchrun --nproc_per_node 2 -m ringlet.bench c10d --what doors --dtypes float32,bfloat16
+  torchrun --nproc_per_node 2 -m ringlet.bench c10d --what train --busy 2 --width 1024 --depth 3
+  torchrun --nproc_per_node 2 -m ringlet.bench c10d --what train --loader-workers 2 --no-fsdp
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 import ringlet  # registers the backend
+from ringlet.bench.busy import neighbours
 
 # torch 2.13 renamed these (the old names warn on every call).
 _AG = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -252,8 +255,43 @@ def _model(width: int, depth: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def training(steps: int, width: int, depth: int, batch: int, gloo: Any) -> list[dict]:
-    """Median step time of torch DDP and FSDP2 on ringlet vs gloo."""
+class _Augmented(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples that cost CPU to make (``work_ms`` of small matrix products
+    each), as a data-loader worker that decodes and augments images does."""
+
+    def __init__(self, width: int, work_ms: float) -> None:
+        self.width, self.work_ms = width, work_ms
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(i)
+        a = torch.randn(64, 64, generator=g)
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0) * 1e3 < self.work_ms:
+            a = torch.tanh(a @ a.T / 64)
+        return torch.randn(self.width, generator=g) + a.mean()
+
+
+def _batches(width: int, batch: int, workers: int, work_ms: float) -> Callable[[], torch.Tensor]:
+    """The next input batch: a fixed tensor, or (``workers`` > 0) one from a
+    real ``DataLoader`` whose worker processes do CPU work per sample."""
+    if workers <= 0:
+        x = torch.randn(batch, width)
+        return lambda: x
+    loader = torch.utils.data.DataLoader(
+        _Augmented(width, work_ms), batch_size=batch, num_workers=workers,
+        persistent_workers=True, prefetch_factor=2)
+    it = iter(loader)
+    return lambda: next(it)
+
+
+def training(steps: int, width: int, depth: int, batch: int, gloo: Any,
+             loader_workers: int = 0, work_ms: float = 5.0, fsdp2: bool = True) -> list[dict]:
+    """Median step time of torch DDP and FSDP2 on ringlet vs gloo; with
+    ``loader_workers`` the DDP steps take their inputs from a ``DataLoader``
+    whose workers do ``work_ms`` of CPU work per sample (busy cores)."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -264,10 +302,11 @@ def training(steps: int, width: int, depth: int, batch: int, gloo: Any) -> list[
     def ddp(group: Any) -> Callable[[], None]:
         m = DDP(_model(width, depth), process_group=group)
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        data = _batches(width, batch, loader_workers, work_ms)
 
         def step() -> None:
             opt.zero_grad()
-            m(x).square().mean().backward()
+            m(data()).square().mean().backward()
             opt.step()
 
         return step
@@ -289,11 +328,12 @@ def training(steps: int, width: int, depth: int, batch: int, gloo: Any) -> list[
 
     params = sum(p.numel() for p in _model(width, depth).parameters())
     rows = []
-    for name, ours, theirs in [
-        ("torch DDP", ddp(None), ddp(gloo)),
-        ("FSDP2 fully_shard", fsdp(init_device_mesh("cpu", (n,))),
-         fsdp(DeviceMesh.from_group(gloo, "cpu"))),
-    ]:
+    loader = f", DataLoader with {loader_workers} workers" if loader_workers else ""
+    cases = [(f"torch DDP{loader}", ddp(None), ddp(gloo))]
+    if fsdp2:
+        cases.append(("FSDP2 fully_shard", fsdp(init_device_mesh("cpu", (n,))),
+                      fsdp(DeviceMesh.from_group(gloo, "cpu"))))
+    for name, ours, theirs in cases:
         ours()
         theirs()
         a, b = [], []
@@ -323,7 +363,19 @@ def main() -> None:
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--busy", type=int, default=0,
+                   help="K processes spinning on the CPU beside the job (per host): busy cores")
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="train: DDP takes its inputs from a DataLoader with this many worker "
+                        "processes, each doing --work-ms of CPU work per sample")
+    p.add_argument("--work-ms", type=float, default=5.0, help="train: see --loader-workers")
+    p.add_argument("--no-fsdp", action="store_true", help="train: DDP only")
     args = p.parse_args()
+    with neighbours(args.busy):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     dist.init_process_group(args.default)
     gloo = dist.new_group(backend="gloo")
     named = dist.new_group(backend="ringlet") if args.default == "gloo" else None
@@ -354,9 +406,11 @@ def main() -> None:
         if me == 0:
             print("\n" + _doors_table(rows, n))
     if "train" in what:
-        rows = training(args.steps, args.width, args.depth, args.batch, gloo)
+        rows = training(args.steps, args.width, args.depth, args.batch, gloo,
+                        args.loader_workers, args.work_ms, not args.no_fsdp)
         if me == 0:
-            print(f"\ntraining step, world size {n}, batch {args.batch} per rank\n")
+            busy = f", {args.busy} busy process(es) beside the job" if args.busy else ""
+            print(f"\ntraining step, world size {n}, batch {args.batch} per rank{busy}\n")
             print("| wrapper | parameters | ringlet ms | gloo ms | speed-up |")
             print("|---|---:|---:|---:|---:|")
             for r in rows:

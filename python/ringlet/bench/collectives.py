@@ -21,6 +21,7 @@ Example:
   mpirun -np 2 python -m ringlet.bench collectives --against mpi
   mpirun -np 2 python -m ringlet.bench collectives --against mpi --front c10d --sizes 4096
   torchrun --nproc_per_node 2 -m ringlet.bench collectives --ops all_reduce --dtype bfloat16
+  mpirun -np 2 python -m ringlet.bench collectives --against mpi --busy 1 --first-calls 0
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 import ringlet
+from ringlet.bench.busy import neighbours
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -363,6 +365,9 @@ def main() -> None:
     p.add_argument("--front", default="xla", choices=["xla", "ops", "c10d"],
                    help="ringlet's front end: the torch_xla-style API, torch.ops.ringlet, "
                         "or torch.distributed on a 'ringlet' process group")
+    p.add_argument("--busy", type=int, default=0,
+                   help="K processes spinning on the CPU beside the job (per host) while it "
+                        "is timed: busy cores")
     p.add_argument("--first-calls", type=int, default=1150,
                    help="before anything else, this many all_reduce calls of the first size "
                         "(each after a barrier): the first 150 against the last 150 (0: skip)")
@@ -373,15 +378,17 @@ def main() -> None:
     if not isinstance(dtype, torch.dtype):
         raise SystemExit(f"unknown dtype {args.dtype!r}")
     sizes = [int(s) for s in args.sizes.split(",")]
-    if args.first_calls:
-        first = first_calls(sizes[0], peer, args.first_calls, args.front, group, dtype)
-        if ringlet.get_ordinal() == 0:
-            print(first_table(first, peer.name, init_s), "\n", flush=True)
-    rows = run(args.ops.split(","), sizes, args.budget, peer,
-               args.front, group, dtype, args.idle_us * 1e-6)
+    with neighbours(args.busy):
+        if args.first_calls:
+            first = first_calls(sizes[0], peer, args.first_calls, args.front, group, dtype)
+            if ringlet.get_ordinal() == 0:
+                print(first_table(first, peer.name, init_s), "\n", flush=True)
+        rows = run(args.ops.split(","), sizes, args.budget, peer,
+                   args.front, group, dtype, args.idle_us * 1e-6)
     if ringlet.get_ordinal() == 0:
+        busy = f", {args.busy} busy process(es) beside the job" if args.busy else ""
         print(table(rows, ringlet.world_size(), ringlet.transport(), peer.name, args.front,
-                    args.dtype), flush=True)
+                    args.dtype + busy), flush=True)
         if args.plot:
             plot(rows, args.plot, peer.name)
     if args.front == "c10d" and args.against == "mpi":

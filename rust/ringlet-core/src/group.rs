@@ -32,12 +32,14 @@ pub struct Config {
     pub cma_threshold: usize,
     /// All-reduces up to this many bytes use the latency-optimised path.
     pub small_bytes: usize,
-    /// Spin iterations before a waiting rank yields.
+    /// Spin iterations before a waiting rank reads the clock.
     pub spins: u32,
-    /// After spinning, how long a waiting rank keeps yielding its CPU before
-    /// it parks on a futex (zero: at once, for machines with more ranks
-    /// than cores, where yielding ranks keep the CPUs from the ranks and
-    /// the network stack they wait for).
+    /// How long a waiting rank spins in all before it parks on a futex
+    /// (see [`WaitPolicy`]).
+    pub spin_for: Duration,
+    /// After spinning, how long a waiting rank yields its CPU before it
+    /// parks (zero by default: a yield hands a busy neighbour the core for
+    /// its whole scheduler slice).
     pub yield_for: Duration,
     /// Global rank of each group rank, for error messages and abort notices
     /// (empty: group ranks are global ranks).
@@ -73,7 +75,8 @@ impl Default for Config {
             cma_threshold: DEFAULT_CMA_THRESHOLD,
             small_bytes: 2 << 10,
             spins: 2000,
-            yield_for: Duration::from_millis(2),
+            spin_for: crate::transport::DEFAULT_SPIN_FOR,
+            yield_for: Duration::ZERO,
             members: Vec::new(),
             name: String::new(),
             domain: 0,
@@ -85,6 +88,7 @@ impl Config {
     pub(crate) fn wait_policy(&self) -> WaitPolicy {
         WaitPolicy {
             spins: self.spins,
+            spin_for: self.spin_for,
             yield_for: self.yield_for,
             ..WaitPolicy::with_timeout(self.timeout)
         }

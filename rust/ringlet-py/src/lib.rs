@@ -154,7 +154,7 @@ impl Communicator {
 
     /// Connects to every rank in the peer table (blocks without the GIL).
     #[staticmethod]
-    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=core::group::DEFAULT_SLOT_BYTES, cma=true, cma_threshold=core::group::DEFAULT_CMA_THRESHOLD, small_bytes=64<<10, spins=2000, yield_us=2000, members=Vec::new(), name=String::new(), domain=0))]
+    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=core::group::DEFAULT_SLOT_BYTES, cma=true, cma_threshold=core::group::DEFAULT_CMA_THRESHOLD, small_bytes=64<<10, spins=2000, spin_us=50, yield_us=0, members=Vec::new(), name=String::new(), domain=0))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -170,6 +170,7 @@ impl Communicator {
         cma_threshold: usize,
         small_bytes: usize,
         spins: u32,
+        spin_us: u64,
         yield_us: u64,
         members: Vec<usize>,
         name: String,
@@ -188,6 +189,7 @@ impl Communicator {
             cma_threshold,
             small_bytes,
             spins,
+            spin_for: Duration::from_micros(spin_us),
             yield_for: Duration::from_micros(yield_us),
             members,
             name,

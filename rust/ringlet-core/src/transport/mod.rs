@@ -168,14 +168,34 @@ pub fn check_agreement(rank: usize, all: &[OpDesc]) -> crate::Result<()> {
     })
 }
 
-/// How a waiting rank behaves: spin briefly, yield a little, then park with a
-/// deadline. `timeout` is the longest wait without progress before failing.
+/// How long a waiting rank spins by default before it parks (see
+/// [`WaitPolicy::spin_for`]).
+pub const DEFAULT_SPIN_FOR: Duration = Duration::from_micros(50);
+
+/// How a waiting rank behaves: spin while the peer is likely to answer
+/// within a few microseconds, then park on a futex that the writer wakes,
+/// with a deadline. `timeout` is the longest wait without progress before
+/// failing.
+///
+/// A waiting rank never calls `sched_yield` unless `yield_for` asks for it:
+/// on a core that another process wants (a neighbour's job, data-loader
+/// workers, the caller's own compute threads), a yield hands that process
+/// the core for the rest of its scheduler slice (milliseconds under CFS and
+/// EEVDF alike), while a spinning rank keeps its core until the peer answers
+/// and a parked one frees it for whoever the scheduler picks and is woken by
+/// the writer the moment the data is there.
 #[derive(Clone, Copy, Debug)]
 pub struct WaitPolicy {
     pub timeout: Duration,
+    /// Spin iterations before the clock is read (the answer of a peer
+    /// running on another core arrives within them).
     pub spins: u32,
-    /// After spinning, yield the CPU (letting other ranks on the same core
-    /// run) for up to this long before parking on a futex.
+    /// Then keep spinning until the wait has lasted this long: a peer inside
+    /// the same operation answers within a few microseconds unless it lost
+    /// its core, and a spinning rank keeps its own core meanwhile.
+    pub spin_for: Duration,
+    /// After spinning, yield the CPU for up to this long before parking
+    /// (zero by default; see the type's documentation).
     pub yield_for: Duration,
     pub park_slice: Duration,
 }
@@ -186,7 +206,8 @@ impl WaitPolicy {
         WaitPolicy {
             timeout,
             spins: 2000,
-            yield_for: Duration::from_millis(2),
+            spin_for: DEFAULT_SPIN_FOR,
+            yield_for: Duration::ZERO,
             park_slice: Duration::from_millis(5),
         }
     }

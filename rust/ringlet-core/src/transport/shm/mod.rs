@@ -4,7 +4,7 @@
 //! control block and a data slot per rank. Ranks move through *phases*: each
 //! phase a rank bumps its own counter (`signal`) and waits until every peer's
 //! counter has reached the same value (`wait_all`). A waiting rank spins
-//! briefly, yields, then parks on the peer's counter with a futex; while
+//! (see `WaitPolicy`), then parks on the peer's counter with a futex; while
 //! parked it checks, every few milliseconds, whether the peer's process is
 //! gone (its TCP stream closed) or gave up, and whether the deadline passed.
 //!
@@ -304,7 +304,17 @@ impl ShmGroup {
             std::hint::spin_loop();
         }
         let start = Instant::now();
-        while start.elapsed() < self.policy.yield_for {
+        // Keep the core while the peer is likely to answer (no system call,
+        // the clock read every 64 turns), then, only if asked, yield.
+        while start.elapsed() < self.policy.spin_for {
+            for _ in 0..64 {
+                if reached(c.counter.load(Ordering::Acquire)) {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+        }
+        while start.elapsed() < self.policy.spin_for + self.policy.yield_for {
             if reached(c.counter.load(Ordering::Acquire)) {
                 return Ok(());
             }
