@@ -272,6 +272,20 @@ pub fn pid() -> u32 {
     std::process::id()
 }
 
+/// Tasks runnable on the machine right now (running or waiting for a CPU,
+/// this one included), from `/proc/loadavg`'s fourth field; `None` where it
+/// cannot be read.
+pub fn runnable_tasks() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let field = text.split_whitespace().nth(3)?;
+    field.split('/').next()?.parse().ok()
+}
+
+/// CPUs this process may run on (affinity and cgroup quota included).
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Gives the CPU to another runnable thread.
 pub fn yield_now() {
     std::thread::yield_now();

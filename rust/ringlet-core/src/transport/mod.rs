@@ -218,6 +218,29 @@ impl WaitPolicy {
     }
 }
 
+/// Whether the machine has more runnable tasks than this process has CPUs
+/// (busy neighbours, data-loader workers, more ranks than cores): a peer
+/// that is off its CPU then waits for one, and a rank spinning for it
+/// keeps a core the peer could have. Read at most once a millisecond per
+/// thread (a read of `/proc/loadavg` costs a few microseconds).
+pub(crate) fn cores_contended() -> bool {
+    use std::cell::Cell;
+    thread_local! {
+        static LAST: Cell<Option<(Instant, bool)>> = const { Cell::new(None) };
+    }
+    LAST.with(|last| {
+        let now = Instant::now();
+        if let Some((at, contended)) = last.get() {
+            if now.duration_since(at) < Duration::from_millis(1) {
+                return contended;
+            }
+        }
+        let contended = crate::sys::runnable_tasks().is_some_and(|n| n > crate::sys::cpus());
+        last.set(Some((now, contended)));
+        contended
+    })
+}
+
 // -- Whom to blame for a timeout ----------------------------------------------
 //
 // A rank that waits for a peer longer than the timeout blames it, but the

@@ -296,6 +296,7 @@ impl ShmGroup {
     /// Waits until `peer`'s phase counter reaches `target`.
     fn wait_peer_at(&self, peer: usize, target: u32, op: &'static str) -> Result<()> {
         let c = self.seg.ctl(peer);
+        let me = self.seg.ctl(self.rank);
         let reached = |v: u32| (v.wrapping_sub(target) as i32) >= 0;
         for _ in 0..self.policy.spins {
             if reached(c.counter.load(Ordering::Acquire)) {
@@ -305,13 +306,18 @@ impl ShmGroup {
         }
         let start = Instant::now();
         // Keep the core while the peer is likely to answer (no system call,
-        // the clock read every 64 turns), then, only if asked, yield.
+        // the clock read every 64 turns), unless the peer is parked itself
+        // on contended cores: it answers only once woken and given a CPU,
+        // which this rank's core may be. Then, only if asked, yield.
         while start.elapsed() < self.policy.spin_for {
             for _ in 0..64 {
                 if reached(c.counter.load(Ordering::Acquire)) {
                     return Ok(());
                 }
                 std::hint::spin_loop();
+            }
+            if c.parked.load(Ordering::Relaxed) != 0 && crate::transport::cores_contended() {
+                break;
             }
         }
         while start.elapsed() < self.policy.spin_for + self.policy.yield_for {
@@ -327,7 +333,9 @@ impl ShmGroup {
             c.sleepers.fetch_add(1, Ordering::SeqCst);
             let seen = c.counter.load(Ordering::SeqCst);
             if !reached(seen) {
+                me.parked.store(1, Ordering::Relaxed);
                 sys::futex_wait(&c.counter, seen, self.policy.park_slice);
+                me.parked.store(0, Ordering::Relaxed);
             }
             c.sleepers.fetch_sub(1, Ordering::SeqCst);
             if reached(c.counter.load(Ordering::Acquire)) {

@@ -3,8 +3,8 @@
 //! ```text
 //! [0, 4096)                 header: magic, rank count, slot size
 //! [4096, 4096 + p*256)      one control block per rank (counter, sleepers, pid,
-//!                           state, probe address, abort notice, operation
-//!                           descriptor)
+//!                           state, probe address, abort notice, parked flag,
+//!                           operation descriptor)
 //! [slots, slots + p*slot)   one data slot per rank, split in two halves that
 //!                           alternate between pipeline pieces
 //! ```
@@ -45,7 +45,11 @@ pub struct RankCtl {
     /// same cache line as `counter`: a peer that sees the phase also has
     /// the digest, and reads `desc` only when the digests differ.
     pub digest: [AtomicU64; 2],
-    _pad0: [u64; 1],
+    /// 1 while this rank is parked on a futex, waiting for a peer itself: a
+    /// rank that waits for it cannot hear from it before it is woken, so on
+    /// contended cores it parks too instead of spinning (`shm::wait_peer_at`).
+    pub parked: AtomicU32,
+    _pad0: u32,
     /// The operation descriptors this rank published, indexed by sequence
     /// parity: a rank can run at most one operation ahead of its slowest peer,
     /// so two buffers keep the one a peer may still be reading intact.
