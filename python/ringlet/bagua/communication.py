@@ -988,6 +988,17 @@ def alltoall_inplace(tensor: torch.Tensor, comm: Any = None) -> None:
     alltoall(tensor.clone(), tensor, comm)
 
 
+def _displacements(displs: list[int], n: int, what: str) -> list[int]:
+    """The first ``n`` displacements: Bagua's callers pass ``n`` or ``n + 1``
+    (the last one the total, which Bagua reads past); anything else raises."""
+    if len(displs) not in (n, n + 1):
+        raise ValueError(
+            f"rank {get_rank()}: {what} needs {n} entries (or {n + 1}, Bagua's form with the "
+            f"total last), got {len(displs)}"
+        )
+    return list(displs[:n])
+
+
 def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: list[int],
                recv_tensor: torch.Tensor, recv_counts: list[int], recv_displs: list[int],
                comm: Any = None) -> None:
@@ -996,11 +1007,20 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: l
     Args:
       send_tensor (torch.Tensor): The blocks to send.
       send_counts (list[int]): Elements for each rank.
-      send_displs (list[int]): Where each rank's block starts.
+      send_displs (list[int]): Where each rank's block starts: ``n`` entries, or
+        ``n + 1`` as Bagua's examples pass them (the last one is not read).
       recv_tensor (torch.Tensor): Where blocks land.
       recv_counts (list[int]): Elements from each rank.
-      recv_displs (list[int]): Where each rank's block goes.
+      recv_displs (list[int]): Where each rank's block goes (``n`` or ``n + 1``
+        entries, as ``send_displs``).
       comm (Communicator, optional): Default: the default group's.
+
+    Raises:
+      ValueError: Counts without ``n`` entries, or displacements with neither
+        ``n`` nor ``n + 1``.
+
+    Example:
+      >>> bagua.alltoall_v(send, [2, 2], [0, 2, 4], recv, [2, 2], [0, 2, 4])
     """
     c = _resolve(comm)
     if c is None:
@@ -1008,10 +1028,19 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: l
     name = _check(send_tensor, "alltoall_v send tensor")
     _check(recv_tensor, "alltoall_v recv tensor")
     n = c.nranks()
-    for what, v in (("send_counts", send_counts), ("send_displs", send_displs),
-                    ("recv_counts", recv_counts), ("recv_displs", recv_displs)):
+    for what, v in (("send_counts", send_counts), ("recv_counts", recv_counts)):
         if len(v) != n:
             raise ValueError(f"rank {get_rank()}: {what} needs {n} entries, got {len(v)}")
+    send_displs = _displacements(send_displs, n, "send_displs")
+    recv_displs = _displacements(recv_displs, n, "recv_displs")
+    for what, displs, counts, t in (("send", send_displs, send_counts, send_tensor),
+                                    ("recv", recv_displs, recv_counts, recv_tensor)):
+        for peer, (d, k) in enumerate(zip(displs, counts)):
+            if d < 0 or k < 0 or d + k > t.numel():
+                raise ValueError(
+                    f"rank {get_rank()}: {what}_displs[{peer}] = {d} with {what}_counts[{peer}] "
+                    f"= {k} falls outside the {what} tensor's {t.numel()} elements"
+                )
     src = send_tensor.view(-1)
     packed_in = torch.cat([src[d:d + k] for d, k in zip(send_displs, send_counts)]) if n else src
     packed_out = torch.empty(sum(recv_counts), dtype=recv_tensor.dtype)
@@ -1031,7 +1060,8 @@ def alltoall_v_inplace(tensor: torch.Tensor, counts: list[int], displs: list[int
     Args:
       tensor (torch.Tensor): Input and output.
       counts (list[int]): Elements for (and from) each rank.
-      displs (list[int]): Where each rank's block starts.
+      displs (list[int]): Where each rank's block starts (``n`` or ``n + 1``
+        entries, as in :func:`alltoall_v`).
       comm (Communicator, optional): Default: the default group's.
     """
     if _resolve(comm) is None:
