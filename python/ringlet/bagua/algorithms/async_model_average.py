@@ -45,15 +45,21 @@ class _AsyncInternalState(IntEnum):
 
 
 def _ddp_of(model: Any) -> Any:
-    """The BaguaDistributedDataParallel of a model (or the object itself)."""
+    """The BaguaDistributedDataParallel of a model wrapped with ``with_bagua``,
+    of Bagua's ``data_parallel.DistributedDataParallel`` wrapper (its
+    ``inner``, as Bagua unwraps it), or the object itself."""
+    from ..data_parallel import BaguaDistributedDataParallel, DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        return model.inner
+    if isinstance(model, BaguaDistributedDataParallel):
+        return model
     inner = getattr(model, "__dict__", {}).get("bagua_ddp")
     if inner is not None:
         return inner
-    if hasattr(model, "bagua_buckets") and hasattr(model, "_bagua_backend"):
-        return model
     raise TypeError(
-        f"expected a model wrapped with with_bagua (or its BaguaDistributedDataParallel), "
-        f"got {type(model).__name__}"
+        f"expected a model wrapped with with_bagua, a data_parallel.DistributedDataParallel "
+        f"or a BaguaDistributedDataParallel, got {type(model).__name__}"
     )
 
 
@@ -187,7 +193,17 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
         error if it failed and nothing raised it yet.
 
         Args:
-          bagua_ddp: The wrapped model (or its BaguaDistributedDataParallel).
+          bagua_ddp: The model wrapped with ``with_bagua``, Bagua's
+            ``data_parallel.DistributedDataParallel`` wrapping it, or its
+            ``BaguaDistributedDataParallel``.
+
+        Raises:
+          TypeError: ``bagua_ddp`` is none of those.
+
+        Example:
+          >>> net = bagua.data_parallel.DistributedDataParallel(model, optimizers=[opt],
+          ...                                                   algorithm=algorithm)
+          >>> net.bagua_algorithm.abort(net)
         """
         _ddp_of(bagua_ddp)
         if self.status == _AsyncInternalState.SCHEDULED:
@@ -204,7 +220,14 @@ class AsyncModelAverageAlgorithmImpl(AlgorithmImpl):
         schedules it to start after the warm-up).
 
         Args:
-          bagua_ddp: The wrapped model (or its BaguaDistributedDataParallel).
+          bagua_ddp: The model, its Bagua ``DistributedDataParallel`` wrapper or
+            its ``BaguaDistributedDataParallel`` (as :meth:`abort`).
+
+        Raises:
+          TypeError: ``bagua_ddp`` is none of those.
+
+        Example:
+          >>> net.bagua_algorithm.resume(net)
         """
         _ddp_of(bagua_ddp)
         if self.status in (_AsyncInternalState.NEW, _AsyncInternalState.STOPPED):
