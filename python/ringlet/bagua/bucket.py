@@ -480,10 +480,7 @@ def register_ordered_buckets(module: TensorModule, buckets: list[BaguaBucket]) -
       module (TensorModule): The model's tensor module.
       buckets (list[BaguaBucket]): Its buckets.
     """
-    module.wait_pending_comm_ops()
-    module.set_buckets([[t._ringlet_name for t in b._all_tensors] for b in buckets])
-    module.__dict__["_bagua_buckets"] = list(buckets)
-    _refresh(module)
+    module.register_ordered_buckets(list(buckets))
 
 
 def _refresh(module: TensorModule) -> None:

@@ -262,6 +262,36 @@ class TensorModule:
         self._flat, self._padding = [], []
         self._mirrors = self._make_mirrors()
 
+    def register_ordered_buckets(self, buckets: list[Any]) -> None:
+        """Makes Bagua buckets this module's buckets, in communication order,
+        with their operations (Bagua's backend method, called as
+        ``get_backend(name).register_ordered_buckets([b.backend_bucket for b
+        in buckets])``). Calling it again replaces the buckets.
+
+        Args:
+          buckets (list[BaguaBucket]): The buckets, or their ``backend_bucket``.
+
+        Raises:
+          TypeError: An entry that is not a :class:`ringlet.bagua.bucket.BaguaBucket`.
+          ValueError: A bucket's tensor that is not in this module.
+
+        Example:
+          >>> bagua.get_backend("m").register_ordered_buckets([bucket.backend_bucket])
+        """
+        items = list(buckets)
+        for i, b in enumerate(items):
+            # a BaguaBucket (whose backend_bucket is itself), told by its parts:
+            # the bucket module imports this one
+            if not (hasattr(b, "_all_tensors") and hasattr(b, "_ops")):
+                raise TypeError(
+                    f"register_ordered_buckets: entry {i} is a {type(b).__name__}, not a "
+                    "BaguaBucket (or its backend_bucket)"
+                )
+        self.wait_pending_comm_ops()
+        self.set_buckets([[t._ringlet_name for t in b._all_tensors] for b in items])
+        self.__dict__["_bagua_buckets"] = items
+        self._core.set_bucket_ops([list(b._ops) for b in items])
+
     def buckets(self) -> list[list[torch.Tensor]]:
         """Returns the buckets as lists of proxy tensors."""
         return [[self._proxies[n] for n in g] for g in self._core.buckets()]

@@ -34,12 +34,12 @@ from typing import Any, Optional
 
 import torch
 
-from .. import errors, runtime
-from . import communication
-from .bucket import BaguaBucket, _default_group, register_ordered_buckets
-from .communication import BaguaProcessGroup
-from .env import get_default_bucket_size
-from .tensor import get_module
+from ... import errors, runtime
+from .. import communication
+from ..bucket import BaguaBucket, _default_group, register_ordered_buckets
+from ..communication import BaguaProcessGroup
+from ..env import get_default_bucket_size
+from ..tensor import get_module
 
 __all__ = ["BaguaDistributedDataParallel", "DistributedDataParallel", "install", "with_ringlet"]
 
@@ -131,7 +131,7 @@ class BaguaDistributedDataParallel:
         find_unused_parameters: bool = False,
         bucket_bytes: Optional[int] = None,
     ) -> None:
-        from .algorithms.base import Algorithm
+        from ..algorithms.base import Algorithm
 
         if isinstance(algorithm, str):
             algorithm = Algorithm.init(algorithm)
@@ -353,12 +353,17 @@ class BaguaDistributedDataParallel:
             if not hasattr(optimizer, "_bagua_original_step"):
                 optimizer._bagua_original_step = optimizer.step  # type: ignore[attr-defined]
 
-            def new_step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
-                result = opt._bagua_original_step(*args, **kwargs)  # type: ignore[attr-defined]
+            def post_step(opt: torch.optim.Optimizer) -> None:
                 if not ddp._released:
                     hook(opt)
+
+            def new_step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+                result = opt._bagua_original_step(*args, **kwargs)  # type: ignore[attr-defined]
+                opt.__dict__["_bagua_post_step_hook"](opt)
                 return result
 
+            # kept apart so contrib.fuse_optimizer's fuse_step runs it after a fused update
+            optimizer.__dict__["_bagua_post_step_hook"] = post_step
             optimizer.step = MethodType(new_step, optimizer)  # type: ignore[method-assign]
 
     def _reset_algorithm_state(self) -> None:
@@ -519,7 +524,7 @@ class DistributedDataParallel(torch.nn.Module):
             raise ValueError("DistributedDataParallel is not needed when a module doesn't have "
                              "any parameter that requires a gradient.")
         if algorithm is None:
-            from .algorithms.gradient_allreduce import GradientAllReduceAlgorithm
+            from ..algorithms.gradient_allreduce import GradientAllReduceAlgorithm
 
             algorithm = GradientAllReduceAlgorithm()
         self.module = module
