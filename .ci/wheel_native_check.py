@@ -60,8 +60,11 @@ def native() -> None:
     y = torch.arange(3.0)
     dist.all_reduce(y)
     assert y.tolist() == [0.0, 1.0, 2.0], y
-    print(f"wheel check: native Backend ({status['prebuilt']}); cpu:ringlet,cuda:gloo and "
-          "shrink_group work", flush=True)
+    print(
+        f"wheel check: native Backend ({status['prebuilt']}); cpu:ringlet,cuda:gloo and "
+        "shrink_group work",
+        flush=True,
+    )
     dist.destroy_process_group()
 
 
