@@ -443,6 +443,23 @@ def test_fuse_step_equals_step(name: str) -> None:
                 assert value == other
 
 
+def test_fuse_step_is_a_step_for_lr_schedulers() -> None:
+    # Bagua's mnist example: StepLR over the fused optimizer, fuse_step() each
+    # batch; torch warns (an error here) if the scheduler saw no step.
+    from ringlet.compat.bagua.contrib import fuse_optimizer
+
+    model = Net()
+    opt = fuse_optimizer(torch.optim.Adadelta(model.parameters(), lr=1.0))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for epoch in range(2):
+        x, y = _data(0, epoch)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.fuse_step()
+        scheduler.step()
+    assert opt.param_groups[0]["lr"] == 0.25
+
+
 def test_fuse_optimizer_bad_input() -> None:
     from ringlet.compat.bagua.contrib import fuse_optimizer
     from ringlet.compat.bagua.contrib.fuse import fuse_step

@@ -146,6 +146,9 @@ def fuse_step(optimizer: torch.optim.Optimizer, closure: Optional[Callable[[], A
     post = optimizer.__dict__.get("_bagua_post_step_hook")
     if post is not None:
         post(optimizer)
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched"):
+        # what a learning-rate scheduler's wrapper of step() records: a step was taken
+        optimizer._opt_called = True  # type: ignore[attr-defined]
     return result
 
 
