@@ -374,22 +374,32 @@ def test_cache_loader_and_cached_dataset_return_the_same_items() -> None:
         return {"k": k, "t": torch.arange(k + 1) * k}
 
     loader = CacheLoader(dataset_name="sq", writer_buffer_size=3)
+    loader.store.clear()  # the process's store, shared by every local loader
     for k in (1, 2, 1, 4, 2, 5, 1):
         v = loader.get(k, load)
         assert v["k"] == k and torch.equal(v["t"], torch.arange(k + 1) * k)
     assert calls == [1, 2, 4, 5]  # each key computed once
     assert loader.num_keys() == 3  # written in batches of 3; the 4th still buffered
     assert CacheLoader(dataset_name="other").get(1, lambda k: "fresh") == "fresh"
+    assert CacheLoader(dataset_name="sq").get(2, lambda k: "fresh")["k"] == 2  # shared
 
-    base = torch.utils.data.TensorDataset(torch.randn(10, 3), torch.arange(10))
-    cached = CachedDataset(base, dataset_name="ds", writer_buffer_size=4)
-    assert len(cached) == 10
-    for _ in range(2):
-        for i in range(10):
-            x, y = cached[i]
-            assert torch.equal(x, base[i][0]) and int(y) == i
-    got = torch.cat([x for x, _ in torch.utils.data.DataLoader(cached, batch_size=4)])
-    assert torch.equal(got, base.tensors[0])
+    # Bagua's test_cached_dataset: two datasets, the store counts both.
+    loader.store.clear()
+    bases = [
+        torch.utils.data.TensorDataset(torch.randn(102, 3), torch.arange(102)) for _ in range(2)
+    ]
+    cached = [CachedDataset(b, dataset_name=f"d{i}") for i, b in enumerate(bases)]
+    for i, (base, c) in enumerate(zip(bases, cached)):
+        assert len(c) == 102
+        for _ in range(10):
+            for _ in c:  # __getitem__ until IndexError, as Bagua's test iterates
+                pass
+        for j in range(102):
+            x, y = c[j]
+            assert torch.equal(x, base[j][0]) and int(y) == j
+        assert c.cache_loader.num_keys() == 102 * (i + 1)
+    got = torch.cat([x for x, _ in torch.utils.data.DataLoader(cached[0], batch_size=4)])
+    assert torch.equal(got, bases[0].tensors[0])
 
     with pytest.raises(ValueError, match="Invalid backend 'memcached'"):
         CacheLoader(backend="memcached")

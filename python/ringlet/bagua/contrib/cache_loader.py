@@ -2,11 +2,13 @@
 computed by an expensive function, cached by key.
 
 Bagua keeps the cache in Redis; ringlet adds an in-process backend,
-``backend="local"`` (the default here; Bagua's default is ``"redis"``): a
-:class:`~.utils.store.LocalStore`, a dictionary in this process, with the
-same API and the same semantics for one process (each rank, and each
-``DataLoader`` worker process, caches what it loads; nothing is shared
-between processes). ``backend="redis"`` uses
+``backend="local"`` (the default here; Bagua's default is ``"redis"``): one
+:class:`~.utils.store.LocalStore`, a dictionary, shared by every loader of
+the process as a Redis server is shared by Bagua's, with the same API and
+semantics within the process (loaders with the same ``dataset_name`` share
+entries, ``num_keys()`` counts every loader's keys, ``store.clear()`` empties
+it); nothing is shared between processes (each rank, and each
+``DataLoader`` worker process, caches what it loads). ``backend="redis"`` uses
 :class:`~.utils.redis_store.RedisStore` over running Redis servers
 (``hosts=...``) and needs the ``redis`` package; without it the loader
 raises ``ImportError`` saying so.
@@ -24,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import pickle
+import threading
 from typing import Any, Callable
 
 from .utils.store import LocalStore, Store
@@ -31,6 +34,17 @@ from .utils.store import LocalStore, Store
 __all__ = ["CacheLoader"]
 
 _BACKENDS = ("local", "redis")
+_local: LocalStore | None = None
+_local_lock = threading.Lock()
+
+
+def _local_store() -> LocalStore:
+    """The process's store for ``backend="local"``."""
+    global _local
+    with _local_lock:
+        if _local is None:
+            _local = LocalStore()
+        return _local
 
 
 def _make_store(backend: str, kwargs: dict[str, Any]) -> Store:
@@ -39,7 +53,7 @@ def _make_store(backend: str, kwargs: dict[str, Any]) -> Store:
             raise TypeError(
                 f"CacheLoader(backend='local') takes no store arguments, got {sorted(kwargs)}"
             )
-        return LocalStore()
+        return _local_store()
     if backend == "redis":
         from .utils.redis_store import RedisStore
 
@@ -51,7 +65,7 @@ class CacheLoader:
     """Caches ``load_fn(key)`` by key (Bagua's ``CacheLoader``).
 
     Args:
-      backend (str): ``"local"`` (in-process, the default) or ``"redis"``
+      backend (str): ``"local"`` (the process's in-process store, the default) or ``"redis"``
         (needs the ``redis`` package and ``hosts=`` of running servers).
       dataset_name (str): Prefix of the keys; loaders with the same name on
         the same store share entries. Default: ``""``.
@@ -121,16 +135,14 @@ class _BatchFetcher:
 
     def read(self, key: str) -> Any:
         self.read_cnt += 1
-        pending = self.write_map.get(key)
-        if pending is not None:
-            return pickle.loads(pending)
-        try:
-            raw = self.store.get(key)
-        except Exception:
-            raw = None
-        else:
-            if self.read_cnt % 1000 == 0 and self.write_map:
-                self.flush()
+        raw = self.write_map.get(key)
+        if raw is None:
+            try:
+                raw = self.store.get(key)
+            except Exception:
+                return None
+        if self.read_cnt % 1000 == 0 and self.write_map:
+            self.flush()
         return None if raw is None else pickle.loads(raw)
 
     def write(self, key: str, value: Any) -> None:
