@@ -217,7 +217,7 @@ def gaps_job(rank: int, world: int, port: int) -> dict[str, Any]:
     for set_to_none in (True, False):
         diff = (runs[(set_to_none, True)] - runs[(set_to_none, False)]).abs().max().item()
         assert diff <= 1e-6, (set_to_none, diff)
-    assert fused_counts[False] == 3, fused_counts  # gradients zeroed in place: every step fused
+    assert fused_counts == {True: 3, False: 3}, fused_counts  # every step fused
     every = torch.empty(world * runs[(False, True)].numel())
     bagua.allgather(runs[(False, True)], every)
     assert torch.equal(every.view(world, -1)[0], every.view(world, -1)[1])  # replicas agree
@@ -451,6 +451,60 @@ def test_fuse_step_equals_step(name: str) -> None:
                 assert torch.allclose(value, other, atol=1e-6), (pid, key)
             else:
                 assert value == other
+
+
+# Bagua's tests/contrib/test_fused_optimizer.py on CPU: every optimizer and
+# setting it lists, two parameter groups (weights with decay, biases
+# without), fuse_step() and step() alternating: bit-equal to step() alone,
+# each fuse_step fusing both groups.
+BAGUA_OPTIMIZERS = [
+    (torch.optim.SGD, dict(lr=0.2, momentum=1, dampening=0, weight_decay=1, nesterov=True)),
+    (torch.optim.SGD, dict(lr=0.2, momentum=1, dampening=0.5, weight_decay=1, nesterov=False)),
+    (torch.optim.Adam, dict(weight_decay=1.0, amsgrad=True)),
+    (torch.optim.Adam, dict(weight_decay=0.0, amsgrad=False)),
+    (torch.optim.AdamW, dict(weight_decay=1.0, amsgrad=True)),
+    (torch.optim.AdamW, dict(weight_decay=0.0, amsgrad=False)),
+    (torch.optim.RMSprop, dict(weight_decay=1, momentum=1, centered=True)),
+    (torch.optim.RMSprop, dict(weight_decay=0, momentum=1, centered=False)),
+    (torch.optim.Rprop, dict(lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50))),
+    (torch.optim.ASGD, dict(weight_decay=1)),
+    (torch.optim.Adamax, dict(weight_decay=1)),
+    (torch.optim.Adadelta, dict(weight_decay=1)),
+]
+
+
+@pytest.mark.parametrize(
+    "opt_cls,settings",
+    BAGUA_OPTIMIZERS,
+    ids=[f"{c.__name__}{i}" for i, (c, _) in enumerate(BAGUA_OPTIMIZERS)],
+)
+def test_baguas_fused_optimizer_cases(opt_cls: Any, settings: dict[str, Any]) -> None:
+    from ringlet.compat.bagua.contrib import fuse_optimizer
+
+    steps = 11
+    x = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]).reshape(3, 2)
+    finals = []
+    for fuse in (False, True):
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(2, 3), torch.nn.Sigmoid(), torch.nn.Linear(3, 1), torch.nn.Sigmoid()
+        )
+        named = list(model.named_parameters())
+        groups = [
+            {"params": [p for n, p in named if "bias" not in n], "weight_decay": 0.1},
+            {"params": [p for n, p in named if "bias" in n], "weight_decay": 0.0},
+        ]
+        opt = opt_cls(groups, **settings)
+        if fuse:
+            opt = fuse_optimizer(opt)
+        for step in range(steps):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.fuse_step() if fuse and step % 2 == 0 else opt.step()
+        finals.append(_flat(model))
+        if fuse:
+            assert opt._bagua_fused_count == 2 * ((steps + 1) // 2)
+    assert torch.equal(finals[0], finals[1])
 
 
 def test_fuse_step_is_a_step_for_lr_schedulers() -> None:

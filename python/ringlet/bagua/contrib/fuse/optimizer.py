@@ -6,10 +6,11 @@ each other in memory as one tensor.
 gradients and their per-element optimizer state (``exp_avg``,
 ``square_avg``, ``momentum_buffer``, ...) into one buffer per dtype and
 device (``do_flatten=True``) and gives the optimizer a ``fuse_step`` method.
-``optimizer.fuse_step()`` finds the runs of parameters whose weights,
-gradients and per-element state are all adjacent in memory and whose other
-state (a step count, ...) is equal, updates each run as one parameter with a
-shadow of the optimizer (its own parameter groups and state, the
+``optimizer.fuse_step()`` finds the runs of parameters whose weights and
+per-element state are adjacent in memory and whose other state (a step
+count, ...) is equal, updates each run as one parameter (its gradient a view
+of the run's gradients where they are adjacent too, else their
+concatenation) with a shadow of the optimizer (its own parameter groups and state, the
 hyperparameters copied from the optimizer's groups at every step), and writes
 the state back to the original parameters: the per-element state as views
 of the run's state (so the next step finds it adjacent again), the rest as
@@ -17,13 +18,15 @@ a copy for each parameter. Parameters outside any run are updated one by
 one, as ``step()`` does. The update is element-wise the same as ``step()``'s,
 so training with ``fuse_step`` gives what ``step`` gives.
 
-Gradients stay adjacent only while they are zeroed in place
+Gradients stay adjacent while they are zeroed in place
 (``optimizer.zero_grad(set_to_none=False)``); after ``zero_grad()`` (torch's
-default ``set_to_none=True``) backward allocates new gradients and
-``fuse_step`` updates parameter by parameter, as Bagua's does. With
-``model.with_bagua`` use ``do_flatten=False`` there (Bagua's advice: both
-would move the parameters' storage); the algorithm's hook after
-``optimizer.step()`` also runs after ``fuse_step()``.
+default, ``set_to_none=True``) backward allocates new ones, and a run's
+gradient is their concatenation (one copy; Bagua's ``fuse_step`` then
+updates parameter by parameter instead: it was written when ``zero_grad()``
+zeroed in place). torch's optimizers only read gradients, so the update is
+the same either way. With ``model.with_bagua`` use ``do_flatten=False``
+there (Bagua's advice: both would move the parameters' storage); the
+algorithm's hook after ``optimizer.step()`` also runs after ``fuse_step()``.
 
 Example:
   >>> optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
@@ -213,7 +216,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _joins(optimizer: torch.optim.Optimizer, a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``b`` can extend a run ending in ``a``."""
-    if a.grad is None or b.grad is None or not _adjacent(a, b) or not _adjacent(a.grad, b.grad):
+    if not _adjacent(a, b) or not _dense_grad(a) or not _dense_grad(b):
         return False
     sa, sb = optimizer.state.get(a, {}), optimizer.state.get(b, {})
     if sa.keys() != sb.keys():
@@ -226,6 +229,26 @@ def _joins(optimizer: torch.optim.Optimizer, a: torch.Tensor, b: torch.Tensor) -
         elif _per_element(vb, b) or not _same(va, vb):
             return False
     return True
+
+
+def _dense_grad(p: torch.Tensor) -> bool:
+    g = p.grad
+    return (
+        g is not None
+        and g.layout == torch.strided
+        and g.dtype == p.dtype
+        and g.device == p.device
+        and g.shape == p.shape
+    )
+
+
+def _run_grad(members: list[torch.Tensor], numel: int) -> torch.Tensor:
+    """The run's gradient: a view where the gradients are adjacent, else
+    their concatenation (read by the update, never written)."""
+    grads = [p.grad for p in members]
+    if all(_adjacent(a, b) for a, b in zip(grads, grads[1:])):  # type: ignore[arg-type]
+        return _view(grads[0], numel)  # type: ignore[arg-type]
+    return torch.cat([g.reshape(-1) for g in grads])  # type: ignore[union-attr]
 
 
 def _runs(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[list[int]]:
@@ -276,7 +299,7 @@ def _prepare(
             numel = sum(p.numel() for p in members)
             first = members[0]
             fp = torch.nn.Parameter(_view(first.data, numel), requires_grad=False)
-            fp.grad = _view(first.grad, numel)  # type: ignore[arg-type]
+            fp.grad = _run_grad(members, numel)
             state: dict[str, Any] = {}
             for key, value in optimizer.state.get(first, {}).items():
                 if _per_element(value, first):
