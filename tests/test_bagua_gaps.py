@@ -130,13 +130,15 @@ def gaps_job(rank: int, world: int, port: int) -> dict[str, Any]:
     )
     impl = net.bagua_algorithm
     rounds = []
-    for _epoch in range(2):
+    for _epoch in range(2):  # twice each, as Bagua's test_multiple_aborts
+        impl.resume(net)
         impl.resume(net)
         for step in range(4):
             x, y = _data(rank, step)
             opt.zero_grad()
             F.cross_entropy(net(x), y).backward()
             opt.step()
+        impl.abort(net)
         impl.abort(net)
         assert impl.status == async_model_average._AsyncInternalState.STOPPED
         rounds.append(net.bagua_buckets[0]._async_op.rounds)
