@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -139,3 +140,113 @@ def test_torchrun_launch() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "torchrun ok rank 0 of 2" in proc.stdout and "torchrun ok rank 1 of 2" in proc.stdout
+
+
+# -- start-up never hangs on a taken port (issue 39) --
+
+_START_TIMEOUT = 3.0
+# What a rank may take beyond its timeout: rank 0 looks at what holds its port
+# (at most 2 x 1 s), rank 1 at what answers at the store's address; both on a
+# loaded machine.
+_START_MARGIN = 2.5
+
+
+def _starts(rank: int, world: int, ports: dict[str, int]) -> dict[str, Any]:
+    """Tries ``ringlet.init`` and ``init_process_group("ringlet")`` against
+    each held port in turn; returns what each attempt raised and how long it
+    took."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    for case, port in ports.items():
+        for door in ("init", "c10d"):
+            t0 = time.monotonic()
+            try:
+                if door == "init":
+                    ringlet.init(
+                        rank,
+                        world,
+                        master_addr="127.0.0.1",
+                        master_port=port,
+                        timeout=_START_TIMEOUT,
+                    )
+                else:
+                    dist.init_process_group(
+                        "ringlet",
+                        init_method=f"tcp://127.0.0.1:{port}",
+                        rank=rank,
+                        world_size=world,
+                        timeout=timedelta(seconds=_START_TIMEOUT),
+                    )
+                out[f"{case}/{door}"] = ("returned", "", time.monotonic() - t0)
+            except Exception as e:
+                took = time.monotonic() - t0
+                out[f"{case}/{door}"] = (type(e).__name__, str(e), took)
+            finally:
+                ringlet.shutdown()
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+    return out
+
+
+def test_start_up_on_a_taken_port_ends_within_the_timeout() -> None:
+    """A port held by a listener that never answers, by another job's live
+    torch store, or bound by a program that does not listen: on both ranks,
+    ``ringlet.init`` and ``init_process_group("ringlet")`` raise within the
+    timeout, naming the address and what holds it (torch's own client waited
+    without limit on the silent listener)."""
+    import contextlib
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    with contextlib.ExitStack() as held:
+        silent = held.enter_context(socket.socket())
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # the kernel completes connections; nobody accepts or reads
+        bound = held.enter_context(socket.socket())
+        bound.bind(("127.0.0.1", 0))  # the port is taken, nothing accepts there
+        # Another job's live store (its server stops with the last reference).
+        other = [
+            TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+        ]
+        held.callback(other.clear)
+        other[0].set("another/job", "running")
+        ports = {
+            "silent": silent.getsockname()[1],
+            "store": other[0].port,
+            "bound": bound.getsockname()[1],
+        }
+        out = launch(2, _starts, ports, init=False, timeout=180)
+    for r in (0, 1):
+        for key, (kind, msg, took) in out[r].items():
+            case = key.split("/")[0]
+            where = f"127.0.0.1:{ports[case]}"
+            assert took < _START_TIMEOUT + _START_MARGIN, (r, key, took, msg)
+            assert where in msg, (r, key, msg)
+            if r == 0:  # cannot host the store: torch's type, what holds the port
+                assert kind == "DistNetworkError", (r, key, kind, msg)
+                assert f"rank 0: could not listen on port {ports[case]}" in msg, msg
+                holder = {
+                    "silent": "accepts connections at 127.0.0.1:{} but does not answer",
+                    "store": "a torch store (TCPStore) already answers at 127.0.0.1:{}",
+                    "bound": "does not accept connections at 127.0.0.1:{}",
+                }[case].format(ports[case])
+                assert holder in msg, (key, msg)
+            elif case == "store":  # joined another job's store: its rank 0 never comes
+                assert kind == "CollectiveTimeoutError", (r, key, kind, msg)
+                assert "answers, but rank 0 never registered in it" in msg, msg
+                assert "pick another MASTER_PORT" in msg, msg
+            else:  # no store answers at the address
+                assert kind == "DistNetworkError", (r, key, kind, msg)
+                assert f"rank 1: Timed out after 3s waiting for the store at {where}" in msg
+                why = (
+                    "accepts connections but does not answer as a torch store"
+                    if case == "silent"
+                    else "nothing accepts connections there"
+                )
+                assert why in msg, (key, msg)

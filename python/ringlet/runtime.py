@@ -21,7 +21,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import _core
 from .errors import CollectiveTimeoutError, NotInitializedError
@@ -167,9 +167,153 @@ def _make_store(addr: str, port: int, rank: int, world: int, timeout: float) -> 
     td = timedelta(seconds=timeout)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's agent hosts the store; every worker is a client.
-        return TCPStore(addr, port, None, False, td, wait_for_workers=False)
-    return TCPStore(
-        addr, port, world, rank == 0, td, wait_for_workers=False, multi_tenant=True
+        return _open_store(
+            lambda: TCPStore(addr, port, None, False, td, wait_for_workers=False),
+            addr,
+            port,
+            rank,
+            False,
+            timeout,
+        )
+    return _open_store(
+        lambda: TCPStore(
+            addr, port, world, rank == 0, td, wait_for_workers=False, multi_tenant=True
+        ),
+        addr,
+        port,
+        rank,
+        rank == 0,
+        timeout,
+    )
+
+
+def _open_store(
+    make: Callable[[], Any], addr: str, port: int, rank: int, hosts: bool, timeout: float
+) -> Any:
+    """``make()`` (a torch ``TCPStore`` at ``addr:port``, hosted by this
+    process when ``hosts``), which returns or raises within ``timeout`` s
+    with an error naming the address and the likely cause.
+
+    torch's client waits for the server's answer to its first request with
+    no limit: a port held by a program that accepts connections and never
+    answers (or whose queue takes them and nobody accepts) kept a rank
+    waiting until it was killed, whatever the timeout, and gloo's
+    ``init_process_group`` waits the same way; and while nothing listens it
+    retries for up to twice the timeout. So a client first waits, on its own
+    socket, until something accepts a connection at the address, then makes
+    torch's client on a thread of its own, and gives up at the deadline (the
+    thread ends when that program closes the connection, or with the
+    process; a thread still retrying torch's connect when the process exits
+    could abort it).
+    Errors are torch's ``DistNetworkError``, as torch raises when no store
+    answers (a connection refused until the timeout) or when the server
+    cannot listen."""
+    if hosts:
+        try:
+            return make()
+        except RuntimeError as e:
+            text = str(e)
+            if "EADDRINUSE" not in text and "address already in use" not in text.lower():
+                raise
+            holder = _port_holder(addr, port, min(1.0, timeout / 2))
+            raise type(e)(
+                f"rank {rank}: could not listen on port {port} to host the store: "
+                f"address in use: {holder}; pick another MASTER_PORT (or master_port=, "
+                f"init_method=) for this job, or end that program ({text.splitlines()[0]})"
+            ) from None
+    from torch.distributed import DistNetworkError
+
+    deadline = time.monotonic() + timeout
+    if not _await_listener(addr, port, deadline):
+        raise DistNetworkError(
+            f"rank {rank}: Timed out after {timeout:g}s waiting for the store at "
+            f"{addr}:{port}: nothing accepts connections there: rank 0, which hosts the "
+            "store, has not started, exited, or could not listen on that port (see its "
+            "error); check MASTER_ADDR and MASTER_PORT"
+        )
+    # Something listens: torch's client now either gets its answer or waits
+    # for good, so it runs on a thread the deadline does not wait for.
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, make()))
+        except BaseException as e:  # handed to the caller below
+            box.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="ringlet-store-connect", daemon=True).start()
+    if done.wait(max(deadline - time.monotonic(), 0.0)):
+        ok, got = box[0]
+        if ok:
+            return got
+        raise got
+    raise DistNetworkError(
+        f"rank {rank}: Timed out after {timeout:g}s waiting for the store at {addr}:{port}: "
+        "it accepts connections but does not answer as a torch store: another program "
+        "holds the port (pick another MASTER_PORT for this job), or the store's host is "
+        "too busy to answer"
+    )
+
+
+def _await_listener(addr: str, port: int, deadline: float) -> bool:
+    """Whether something accepts a TCP connection at ``addr:port`` before
+    ``deadline`` (a ``time.monotonic`` value), trying again as torch's
+    client does while nothing listens (rank 0 may start later). An address
+    that does not resolve counts as listening: torch's client names it."""
+    pause = 0.01
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            with socket.create_connection((addr, port), timeout=min(left, 1.0)):
+                return True
+        except socket.gaierror:
+            return True
+        except OSError:
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+            pause = min(2 * pause, 0.2)
+
+
+def _accepts(addr: str, port: int, timeout: float) -> bool:
+    """Whether something accepts TCP connections at ``addr:port``."""
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _port_holder(addr: str, port: int, timeout: float) -> str:
+    """What holds ``port`` at ``addr``, in words, found within about
+    2 x ``timeout`` s: another job's torch store (it answers a store client),
+    a program that accepts connections and does not answer as one, or one
+    that has the port without accepting connections at ``addr``."""
+    if not _accepts(addr, port, timeout):
+        return f"another program has port {port} but does not accept connections at {addr}:{port}"
+    from torch.distributed import TCPStore
+
+    done = threading.Event()
+
+    def probe() -> None:
+        try:
+            TCPStore(addr, port, None, False, timedelta(seconds=timeout), wait_for_workers=False)
+            done.set()
+        except BaseException:  # not a store: told by the unset event
+            pass
+
+    threading.Thread(target=probe, name="ringlet-port-probe", daemon=True).start()
+    if done.wait(timeout):
+        return (
+            f"a torch store (TCPStore) already answers at {addr}:{port}, probably "
+            "another job's (its other ranks would join that job's store)"
+        )
+    return (
+        f"a program that accepts connections at {addr}:{port} but does not answer "
+        "as a torch store holds it"
     )
 
 
@@ -182,6 +326,35 @@ def _timed_out(mine: int, who: int, timeout: float, key: str, why: str) -> Colle
     )
     err.rank, err.culprit, err.cause = mine, who, "timeout"
     return err
+
+
+def _store_address(store: Any) -> str:
+    """`` at host:port`` of the TCPStore under (possibly nested) prefix
+    stores, or ``""`` for another store."""
+    inner = store
+    while inner is not None:
+        host, port = getattr(inner, "host", None), getattr(inner, "port", None)
+        if isinstance(host, str) and host and isinstance(port, int):
+            return f" at {host}:{port}"
+        inner = getattr(inner, "underlying_store", None)
+    return ""
+
+
+def _never_registered(
+    store: Any, mine: int, who: int, timeout: float, key: str, first: bool
+) -> CollectiveTimeoutError:
+    """The error of a rank whose group's rank 0 never set its record in the
+    store. At start-up (``first``) the likely cause is a store that is not
+    this job's: rank 0 could not listen on the port (another job holds it)
+    and this rank joined that job's live store."""
+    why = f"the store{_store_address(store)} answers, but rank {who} never registered in it"
+    if first:
+        why += (
+            f": rank {who} did not start, failed before joining (see its error), or could "
+            "not listen on the port because another job holds it, and this store is that "
+            "job's: pick another MASTER_PORT"
+        )
+    return _timed_out(mine, who, timeout, key, why)
 
 
 def _poll_floor() -> float:
@@ -297,12 +470,18 @@ def _exchange(
         peers = [me] + [json.loads(v) for v in _get_all(store, keys)]
         store.set(table, _pack({"peers": peers, "token": token}))
         return peers, token
-    # Longer than rank 0's own wait: its verdict on a missing rank arrives
-    # before this wait gives up on rank 0 itself.
     try:
-        _await(store, [table], timeout + min(5.0, 1.0 + 0.1 * timeout), group_size, block)
+        _await(store, [table], timeout, group_size, block)
     except TimeoutError as e:
-        raise _timed_out(mine, glob[0], timeout, key, str(e)) from None
+        if not store.check([f"{key}/peer/0"]):
+            # Rank 0 never registered: no verdict of its own is coming.
+            raise _never_registered(store, mine, glob[0], timeout, key, block) from None
+        # Rank 0 is there: its verdict on a missing rank arrives before this
+        # wait gives up on rank 0 itself.
+        try:
+            _await(store, [table], min(5.0, 1.0 + 0.1 * timeout), group_size, block)
+        except TimeoutError:
+            raise _timed_out(mine, glob[0], timeout, key, str(e)) from None
     got = json.loads(zlib.decompress(bytes(store.get(table))))
     if "missing" in got:
         raise _timed_out(mine, glob[int(got["missing"])], timeout, key, str(got["why"]))

@@ -2032,17 +2032,48 @@ def _monitored_barrier(
     return _original_monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
 
 
+_original_create_c10d_store: Optional[Callable[..., Any]] = None
+
+
+def _create_c10d_store(
+    hostname: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    use_libuv: bool = True,
+) -> Any:
+    """torch's ``rendezvous._create_c10d_store`` (the store of
+    ``init_process_group``'s ``tcp://`` and ``env://`` methods, whatever the
+    backend), bounded by ``timeout``: torch's client waits with no limit for
+    the first answer of a port held by a program that accepts connections and
+    never answers, and a rank that cannot listen on a taken port says what
+    holds it (``runtime._open_store``). Same store, same error types
+    (``DistNetworkError``) as torch's."""
+    assert _original_create_c10d_store is not None
+    make = functools.partial(
+        _original_create_c10d_store, hostname, port, rank, world_size, timeout, use_libuv
+    )
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    secs = timeout.total_seconds() if isinstance(timeout, timedelta) else 0.0
+    if secs <= 0 or not 0 <= port < 2**16:  # torch's own answer (no limit, bad port)
+        return make()
+    return runtime._open_store(make, hostname, port, rank, rank == 0 and not agent, secs)
+
+
 def register() -> None:
     """Registers the backend ``"ringlet"`` with ``torch.distributed`` for CPU
     tensors (done by ``import ringlet`` and by the package's entry point;
-    calling it again does nothing).
+    calling it again does nothing). It also bounds the wait for the store of
+    ``init_process_group``'s ``tcp://`` and ``env://`` methods by the
+    group's timeout, for every backend (``_create_c10d_store``).
 
     Example:
       >>> import ringlet.c10d
       >>> ringlet.c10d.register()
       >>> dist.init_process_group("ringlet")      # or "cpu:ringlet"
     """
-    global _original_monitored_barrier, _original_set_pg_timeout
+    global _original_monitored_barrier, _original_set_pg_timeout, _original_create_c10d_store
     if not dist.is_available():
         return
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
@@ -2054,6 +2085,10 @@ def register() -> None:
     if _original_set_pg_timeout is None:
         _original_set_pg_timeout = dist.distributed_c10d._set_pg_timeout
         dist.distributed_c10d._set_pg_timeout = _set_pg_timeout
+    if _original_create_c10d_store is None:
+        rdzv = importlib.import_module("torch.distributed.rendezvous")
+        _original_create_c10d_store = rdzv._create_c10d_store
+        rdzv._create_c10d_store = _create_c10d_store
 
 
 def _close_all() -> None:
