@@ -191,7 +191,7 @@ def test_accelerate_recipe(tmp_path: Path) -> None:
     """The recipe's block under ``torchrun --nproc_per_node 2``: every step
     runs on ``"ringlet"`` while ``acc.state.backend`` says ``"gloo"`` (the
     trap the page names), and the replicas end with the same weights."""
-    (block,) = _fenced("accelerate.md", "python")
+    block = _fenced("accelerate.md", "python")[1]  # [0]: the page's model and data
     script = _script(tmp_path, "train.py", ACCELERATE_PRELUDE, block, ACCELERATE_EPILOGUE)
     _run(_torchrun(2, script), tmp_path, timeout=240)
     reports = _reports(tmp_path, 2)
@@ -232,7 +232,7 @@ def test_deepspeed_recipe(tmp_path: Path) -> None:
     2`` with ``DS_ACCELERATOR=cpu``: every step runs on ``"ringlet"``, and
     the losses and final weights equal those of the same block on
     ``"gloo"``, bit for bit."""
-    (block,) = _fenced("deepspeed.md", "python")
+    block = _fenced("deepspeed.md", "python")[1]  # [0]: the page's model and data
     env = {"DS_ACCELERATOR": "cpu"}
     runs = {}
     for backend, code in (("ringlet", block), ("gloo", _gloo(block))):
@@ -287,7 +287,7 @@ def test_lightning_recipe(tmp_path: Path) -> None:
     """The recipe's block run as ``python train.py`` (Lightning starts the
     second process): every step runs on ``"ringlet"``, and the final weights
     equal those of the same block on ``"gloo"``, bit for bit."""
-    (block,) = _fenced("lightning.md", "python")
+    block = _fenced("lightning.md", "python")[1]  # [0]: the page's model and data
     runs = {}
     for backend, code in (("ringlet", block), ("gloo", _gloo(block))):
         out = tmp_path / backend
@@ -340,7 +340,7 @@ def test_ray_train_recipe(tmp_path: Path) -> None:
     """The recipe's block run as ``python train.py`` (a local Ray cluster,
     2 workers): every step runs on ``"ringlet"`` in the workers, and the
     final weights equal those of ``TorchConfig(backend="gloo")``, bit for bit."""
-    (block,) = _fenced("ray-train.md", "python")
+    block = _fenced("ray-train.md", "python")[1]  # [0]: the page's model and data
     runs = {}
     for backend, code in (("ringlet", block), ("gloo", _gloo(block))):
         out = tmp_path / backend
@@ -439,14 +439,14 @@ def _torchft_run(tmp: Path, block: str) -> dict[int, list[dict[str, Any]]]:
 
 @_requires("torchft.md")
 def test_torchft_recipe(tmp_path: Path) -> None:
-    """The recipe's first block in two replica groups (``torchrun`` jobs
+    """The recipe's Manager block in two replica groups (``torchrun`` jobs
     under one lighthouse), trained by torchft's plain loop: the Manager's
     group is ``torchft-ringlet``, every step commits (both replicas' gradients
     count after the first, which heals one of them), and both replicas end
     with the weights of the same block on ``ProcessGroupGloo()`` (what the
     block's comment says it replaces), bit for bit."""
     assert "`torchft_lighthouse --min_replicas 2`" in (RECIPES / "torchft.md").read_text()
-    block = _fenced("torchft.md", "python")[0]
+    block = _fenced("torchft.md", "python")[1]  # [0]: the page's model and data
     ringlet_import = "from ringlet.torchft import ProcessGroupRinglet\n"
     assert ringlet_import in block and block.count("ProcessGroupRinglet()") == 1
     gloo = block.replace(ringlet_import, "from torchft import ProcessGroupGloo\n").replace(
@@ -472,13 +472,13 @@ _report(t=t.tolist(), name=pg.getBackendName())
 
 
 def test_torchft_recipe_c10d_group(tmp_path: Path) -> None:
-    """The recipe's second block (ringlet's own group on a store of one's
+    """The recipe's last block (ringlet's own group on a store of one's
     own; no torchft needed) under ``torchrun --nproc_per_node 2``, its store
     on a free port instead of the page's 29600: the all-reduce sums, and the
     group ends cleanly on both ranks. (With ``pg.abort()`` as its end, the
     block failed in 5 runs of 8: a rank's abort fails the peer's all-reduce
     that has not quite finished.)"""
-    block = _fenced("torchft.md", "python")[1]
+    block = _fenced("torchft.md", "python")[3]
     assert block.count(", 29600,") == 1
     block = block.replace(", 29600,", f", {free_port()},")
     _run(_torchrun(2, _script(tmp_path, "train.py", block, C10D_EPILOGUE)), tmp_path,
