@@ -1,0 +1,290 @@
+"""Every ``python`` block of the README and of ``docs/`` runs as written.
+
+The pages mark their blocks so that a reader and this test read them alike.
+The first line of a block says how it runs:
+
+* ``# torchrun --nproc_per_node N train.py`` or ``# python train.py`` (with
+  ``VAR=value`` assignments in front where the page needs them, as in
+  ``# DS_ACCELERATOR=cpu torchrun ...``): a complete program, launched by
+  that command;
+* ``# continues the block above``: the block runs after the page's previous
+  block (and what that one continues), as one program, under the first
+  block's command.
+
+A block that is not meant to run (an API signature, printed output) has
+``<!-- not-run: <reason> -->`` on the line before its fence. Any other
+``python`` block fails :func:`test_every_python_block_is_marked`, so a new
+block is either complete or says what it is.
+
+Programs that need a framework (Lightning, DeepSpeed, Ray, accelerate,
+torchft) run each under its own command where the framework is importable
+and skip with its ``pip install`` otherwise. The others are batched to keep
+the test short: one ``torchrun`` per process count (and one ``python``)
+runs ``tests/doc_blocks_runner.py``, which executes the programs one after
+another, each in a fresh ``__main__``, its own working directory and its
+own store, with ``torch.distributed`` and ``ringlet`` torn down between
+them; the launch must exit 0 within its timeout, and every program must
+report that it ran to the end.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from test_recipes import FRAMEWORKS, _run, _torchrun
+
+from conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+RUNNER = Path(__file__).resolve().parent / "doc_blocks_runner.py"
+
+LAUNCH = re.compile(
+    r"^# ((?:[A-Z_]+=\S+ )*)(torchrun --nproc_per_node (\d+)|python) [\w./-]+\.py\b"
+)
+CONTINUES = re.compile(r"^# continues the block above\b")
+NOT_RUN = re.compile(r"^<!-- not-run: \S.* -->$")
+
+# The module each framework's programs import, and the command that installs it.
+INSTALLS = {module: install for module, install in FRAMEWORKS.values()}
+
+
+@dataclass
+class Block:
+    """One fenced ``python`` block: its page, its first line's number, its code."""
+
+    page: str
+    line: int
+    code: str
+    not_run: bool
+
+
+@dataclass
+class Program:
+    """A runnable block with the blocks that continue it."""
+
+    name: str  # page:line of the first block
+    command: str  # the launch line, without "# "
+    launcher: str  # "python" or "torchrun"
+    nproc: int  # 1 for ``python``
+    env: dict[str, str]
+    code: str
+    framework: str | None = None
+    lines: list[int] = field(default_factory=list)
+
+
+def _blocks() -> list[Block]:
+    """Every ``python`` block of the README and the docs, in page order."""
+    out = []
+    for path in PAGES:
+        lines = path.read_text().splitlines()
+        page = str(path.relative_to(ROOT))
+        i = 0
+        while i < len(lines):
+            if lines[i].strip() == "```python":
+                end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+                before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+                out.append(
+                    Block(
+                        page,
+                        i + 2,
+                        "\n".join(lines[i + 1 : end]) + "\n",
+                        bool(NOT_RUN.match(before.strip())),
+                    )
+                )
+                i = end
+            i += 1
+    return out
+
+
+def _framework(code: str) -> str | None:
+    """The framework a program imports, if any."""
+    for module in INSTALLS:
+        if re.search(rf"^\s*(import|from) {module}\b", code, re.M):
+            return module
+    return None
+
+
+def _programs() -> tuple[list[Program], list[str]]:
+    """The runnable programs (each launch block with its continuations), and
+    what is wrong with the blocks that are none of the three kinds."""
+    programs: list[Program] = []
+    errors: list[str] = []
+    last: dict[str, Program] = {}
+    for block in _blocks():
+        if block.not_run:
+            last.pop(block.page, None)
+            continue
+        first = block.code.splitlines()[0] if block.code.strip() else ""
+        where = f"{block.page}:{block.line}"
+        if CONTINUES.match(first):
+            if block.page not in last:
+                errors.append(f"{where}: continues no runnable block above it")
+                continue
+            program = last[block.page]
+            program.code += "\n" + block.code
+            program.lines.append(block.line)
+            continue
+        launch = LAUNCH.match(first)
+        if not launch:
+            last.pop(block.page, None)
+            errors.append(
+                f"{where}: a python block starts with its launch command (`# torchrun "
+                f"--nproc_per_node N train.py` or `# python train.py`) or with `# continues "
+                f"the block above`, or has `<!-- not-run: reason -->` before it; this one "
+                f"starts {first!r}"
+            )
+            continue
+        env = dict(a.split("=", 1) for a in launch[1].split())
+        program = Program(
+            where,
+            first[2:].strip(),
+            launch[2].split()[0],
+            int(launch[3] or 1),
+            env,
+            block.code,
+            lines=[block.line],
+        )
+        programs.append(program)
+        last[block.page] = program
+    for program in programs:
+        program.framework = _framework(program.code)
+    return programs, errors
+
+
+def test_every_python_block_is_marked() -> None:
+    """Each block is a program, continues one, or says why it does not run;
+    and the test finds the blocks it is meant to run."""
+    programs, errors = _programs()
+    assert not errors, "\n".join(errors)
+    assert len(programs) >= 20, [p.name for p in programs]
+    for program in programs:
+        compile(program.code, program.name, "exec")  # at least valid Python
+
+
+def _alone(program: Program) -> bool:
+    """Whether the program runs under its own command, not in a batch: it
+    needs a framework, or it ends a rank itself (``os._exit``), which would
+    end the batch's runner on that rank."""
+    return program.framework is not None or "os._exit(" in program.code
+
+
+def _group(program: Program) -> str:
+    if _alone(program):
+        return program.name
+    return "python" if program.launcher == "python" else f"torchrun-{program.nproc}"
+
+
+def _groups() -> dict[str, list[Program]]:
+    out: dict[str, list[Program]] = {}
+    for program in _programs()[0]:
+        out.setdefault(_group(program), []).append(program)
+    return out
+
+
+def _run_batch(tmp: Path, programs: list[Program], timeout: float) -> None:
+    """Runs ``programs`` in one launch of the runner; fails naming the first
+    program that did not report its end."""
+    spec = [
+        {"name": p.name, "code": p.code, "dir": str(tmp / f"block{i}")}
+        for i, p in enumerate(programs)
+    ]
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    first = programs[0]
+    cmd = (
+        [sys.executable, str(RUNNER), str(tmp / "spec.json")]
+        if first.launcher == "python"
+        else _torchrun(first.nproc, RUNNER, str(tmp / "spec.json"))
+    )
+    out = _run(cmd, tmp, timeout=timeout, env=first.env)
+    done = re.findall(r"^DOC-BLOCK-OK (\S+) ", out, re.M)
+    missing = [p.name for p in programs if p.name not in done]
+    assert not missing, f"{missing} did not finish:\n{out[-6000:]}"
+
+
+@pytest.mark.parametrize("group", sorted(_groups()))
+def test_blocks_run(group: str, tmp_path: Path) -> None:
+    """The programs of one launch command run to the end, each under that
+    command (a framework's programs alone, where the framework is installed)."""
+    programs = _groups()[group]
+    framework = programs[0].framework
+    if framework is not None and importlib.util.find_spec(framework) is None:
+        pytest.skip(f"{framework} is not installed ({INSTALLS[framework]})")
+    if not _alone(programs[0]):
+        assert len({(p.launcher, p.nproc, tuple(p.env.items())) for p in programs}) == 1
+        _run_batch(tmp_path, programs, timeout=120)
+        return
+    (program,) = programs
+    script = tmp_path / next(w for w in shlex.split(program.command) if w.endswith(".py"))
+    script.write_text(program.code)
+    if framework == "torchft":
+        _torchft_replicas(tmp_path, script)
+        return
+    cmd = (
+        [sys.executable, str(script)]
+        if program.launcher == "python"
+        else _torchrun(program.nproc, script)
+    )
+    _run(cmd, tmp_path, timeout=300, env=program.env)
+
+
+def _torchft_replicas(tmp: Path, script: Path) -> None:
+    """Two replica groups of ``script``, each ``torchrun --nproc_per_node 1``
+    with its ``REPLICA_GROUP_ID``, under one ``torchft_lighthouse
+    --min_replicas 2`` on a free port, as the torchft page launches them;
+    both must exit 0 within the timeout."""
+    port = free_port()
+    lighthouse = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "torchft_lighthouse"),
+            "--min_replicas",
+            "2",
+            "--bind",
+            f"[::]:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for replica in (0, 1):
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "REPLICA_GROUP_ID": str(replica),
+                "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}",
+            }
+            procs.append(
+                subprocess.Popen(
+                    _torchrun(1, script),
+                    cwd=tmp,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        for replica, proc in enumerate(procs):
+            try:
+                out, _ = proc.communicate(timeout=240)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"replica group {replica} did not finish within 240s")
+            assert proc.returncode == 0, f"replica group {replica}:\n{out[-6000:]}"
+    finally:
+        for proc in [*procs, lighthouse]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
