@@ -84,28 +84,27 @@ class Program:
     lines: list[int] = field(default_factory=list)
 
 
+def _page_blocks(page: str, text: str) -> list[Block]:
+    """The ``python`` blocks of one page's ``text``, in order."""
+    out = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```python":
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+            before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+            code = "\n".join(lines[i + 1 : end]) + "\n"
+            out.append(Block(page, i + 2, code, bool(NOT_RUN.match(before.strip()))))
+            i = end
+        i += 1
+    return out
+
+
 def _blocks() -> list[Block]:
     """Every ``python`` block of the README and the docs, in page order."""
-    out = []
-    for path in PAGES:
-        lines = path.read_text().splitlines()
-        page = str(path.relative_to(ROOT))
-        i = 0
-        while i < len(lines):
-            if lines[i].strip() == "```python":
-                end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-                before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-                out.append(
-                    Block(
-                        page,
-                        i + 2,
-                        "\n".join(lines[i + 1 : end]) + "\n",
-                        bool(NOT_RUN.match(before.strip())),
-                    )
-                )
-                i = end
-            i += 1
-    return out
+    return [
+        b for path in PAGES for b in _page_blocks(str(path.relative_to(ROOT)), path.read_text())
+    ]
 
 
 def _framework(code: str) -> str | None:
@@ -116,13 +115,14 @@ def _framework(code: str) -> str | None:
     return None
 
 
-def _programs() -> tuple[list[Program], list[str]]:
-    """The runnable programs (each launch block with its continuations), and
-    what is wrong with the blocks that are none of the three kinds."""
+def _programs(blocks: list[Block] | None = None) -> tuple[list[Program], list[str]]:
+    """The runnable programs of ``blocks`` (default: every page's), each
+    launch block with its continuations, and what is wrong with the blocks
+    that are none of the three kinds."""
     programs: list[Program] = []
     errors: list[str] = []
     last: dict[str, Program] = {}
-    for block in _blocks():
+    for block in _blocks() if blocks is None else blocks:
         if block.not_run:
             last.pop(block.page, None)
             continue
@@ -178,6 +178,33 @@ def _alone(program: Program) -> bool:
     needs a framework, or it ends a rank itself (``os._exit``), which would
     end the batch's runner on that rank."""
     return program.framework is not None or "os._exit(" in program.code
+
+
+def test_markers_are_read() -> None:
+    """The three kinds of block on a made-up page: a launch line (with the
+    environment it sets), a continuation joined to it, a marked block left
+    out, and an unmarked one reported with its line."""
+    page = (
+        "text\n\n```python\n# DS_ACCELERATOR=cpu torchrun --nproc_per_node 3 train.py\n"
+        "a = 1\n```\n\n```python\n# continues the block above\nb = a\n```\n\n"
+        "<!-- not-run: torch's signature -->\n```python\ndef f(x): ...\n```\n\n"
+        "```python\nc = b\n```\n\n```python\n# continues the block above\nd = 1\n```\n"
+        "\n```python\n# python other.py\nimport lightning\n```\n"
+    )
+    programs, errors = _programs(_page_blocks("p.md", page))
+    assert [(p.name, p.launcher, p.nproc, p.env, p.lines) for p in programs] == [
+        ("p.md:4", "torchrun", 3, {"DS_ACCELERATOR": "cpu"}, [4, 9]),
+        ("p.md:28", "python", 1, {}, [28]),
+    ]
+    assert programs[0].code.splitlines()[1:] == [
+        "a = 1",
+        "",
+        "# continues the block above",
+        "b = a",
+    ]
+    assert programs[1].framework == "lightning" and programs[0].framework is None
+    assert len(errors) == 2 and errors[0].startswith("p.md:19: a python block starts with")
+    assert errors[1] == "p.md:23: continues no runnable block above it"
 
 
 def _group(program: Program) -> str:
