@@ -31,6 +31,7 @@ class Communicator:
         small_bytes: int = ...,
         spins: int = 2000,
         spin_us: int = 50,
+        long_spin_us: int = 2000,
         yield_us: int = 0,
         members: list[int] = ...,
         name: str = "",

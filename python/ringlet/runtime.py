@@ -90,16 +90,19 @@ def _env_float(name: str, default: float) -> float:
         raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
 
 
-# A waiting rank spins this many times, then for up to _SPIN_US µs in all,
-# before it parks on a futex the writer wakes, when every rank of the host
-# has a core of its own; with more ranks than cores on a host a spinning rank
-# takes the core a peer it waits for needs, so it spins briefly and parks.
-# It never yields by default: a yield hands a busy neighbour (another job,
-# data-loader workers, the caller's own threads) the core for its whole
-# scheduler slice (docs/design.md, "Waiting").
+# A waiting rank spins this many times, then on for up to _LONG_SPIN_US µs in
+# all for a peer inside the operation, and for up to _SPIN_US µs for one that
+# may not have entered it yet while other tasks want the CPUs, before it parks
+# on a futex the writer wakes; that when every rank of the host has a core of
+# its own. With more ranks than cores on a host a spinning rank takes the core
+# a peer it waits for needs, so it spins briefly and parks. It never yields by
+# default: a yield hands a busy neighbour (another job, data-loader workers,
+# the caller's own threads) the core for its whole scheduler slice
+# (docs/design.md, "Waiting on busy cores").
 _SPINS_DEDICATED = 2000
 _SPINS_SHARED = 30
 _SPIN_US = 50
+_LONG_SPIN_US = 2000
 
 
 def _cores() -> int:
@@ -112,10 +115,10 @@ def _cores() -> int:
 
 def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, Any]:
     """Engine settings from the environment; ``local_ranks`` (the group's
-    ranks on this host) picks the default spin count, ``crowded`` (more of
+    ranks on this host) picks the default spin budgets, ``crowded`` (more of
     the job's ranks on this machine than it has CPUs, with network traffic
     between them: hosts simulated on one machine) makes a waiting rank park
-    instead of yielding its CPU in a loop, which would keep the CPU from the
+    after a short spin, since a spinning rank would keep the CPU from the
     ranks and the network stack it waits for."""
     dedicated = local_ranks <= _cores() and not crowded
     mode = os.environ.get("RINGLET_TRANSPORT", "auto").lower()
@@ -131,6 +134,7 @@ def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, An
         "small_bytes": _env_int("RINGLET_SMALL_BYTES", 2 << 10),
         "spins": _env_int("RINGLET_SPIN", _SPINS_DEDICATED if dedicated else _SPINS_SHARED),
         "spin_us": _env_int("RINGLET_SPIN_US", _SPIN_US if dedicated else 0),
+        "long_spin_us": _env_int("RINGLET_LONG_SPIN_US", _LONG_SPIN_US if dedicated else 0),
         "yield_us": _env_int("RINGLET_YIELD_US", 0),
     }
 

@@ -34,9 +34,12 @@ pub struct Config {
     pub small_bytes: usize,
     /// Spin iterations before a waiting rank reads the clock.
     pub spins: u32,
-    /// How long a waiting rank spins in all before it parks on a futex
-    /// (see [`WaitPolicy`]).
+    /// How long a waiting rank spins, on contended cores, for a peer that
+    /// may not have entered the operation yet (see [`WaitPolicy`]).
     pub spin_for: Duration,
+    /// How long it spins for a peer inside the operation, or at the first
+    /// phase while no other task wants a CPU (see [`WaitPolicy`]).
+    pub long_spin_for: Duration,
     /// After spinning, how long a waiting rank yields its CPU before it
     /// parks (zero by default: a yield hands a busy neighbour the core for
     /// its whole scheduler slice).
@@ -76,6 +79,7 @@ impl Default for Config {
             small_bytes: 2 << 10,
             spins: 2000,
             spin_for: crate::transport::DEFAULT_SPIN_FOR,
+            long_spin_for: crate::transport::DEFAULT_LONG_SPIN_FOR,
             yield_for: Duration::ZERO,
             members: Vec::new(),
             name: String::new(),
@@ -89,6 +93,7 @@ impl Config {
         WaitPolicy {
             spins: self.spins,
             spin_for: self.spin_for,
+            long_spin_for: self.long_spin_for,
             yield_for: self.yield_for,
             ..WaitPolicy::with_timeout(self.timeout)
         }

@@ -281,6 +281,14 @@ pub fn runnable_tasks() -> Option<usize> {
     field.split('/').next()?.parse().ok()
 }
 
+/// The CPU the calling thread runs on (`sched_getcpu`, a vDSO call: no
+/// system call on x86-64), or `u32::MAX` where it cannot be told.
+pub fn current_cpu() -> u32 {
+    // SAFETY: sched_getcpu takes no arguments and touches no memory of ours.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).unwrap_or(u32::MAX)
+}
+
 /// CPUs this process may run on (affinity and cgroup quota included).
 pub fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

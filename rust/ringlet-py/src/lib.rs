@@ -154,7 +154,7 @@ impl Communicator {
 
     /// Connects to every rank in the peer table (blocks without the GIL).
     #[staticmethod]
-    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=core::group::DEFAULT_SLOT_BYTES, cma=true, cma_threshold=core::group::DEFAULT_CMA_THRESHOLD, small_bytes=64<<10, spins=2000, spin_us=50, yield_us=0, members=Vec::new(), name=String::new(), domain=0))]
+    #[pyo3(signature = (listener, rank, addrs, hosts, token, timeout_s, force_tcp=false, slot_bytes=core::group::DEFAULT_SLOT_BYTES, cma=true, cma_threshold=core::group::DEFAULT_CMA_THRESHOLD, small_bytes=64<<10, spins=2000, spin_us=50, long_spin_us=2000, yield_us=0, members=Vec::new(), name=String::new(), domain=0))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -171,6 +171,7 @@ impl Communicator {
         small_bytes: usize,
         spins: u32,
         spin_us: u64,
+        long_spin_us: u64,
         yield_us: u64,
         members: Vec<usize>,
         name: String,
@@ -190,6 +191,7 @@ impl Communicator {
             small_bytes,
             spins,
             spin_for: Duration::from_micros(spin_us),
+            long_spin_for: Duration::from_micros(long_spin_us),
             yield_for: Duration::from_micros(yield_us),
             members,
             name,
@@ -501,7 +503,10 @@ fn native_error(err: usize) -> PyErr {
 fn simd_kernels() -> std::collections::BTreeMap<&'static str, &'static str> {
     let mut kernels: std::collections::BTreeMap<_, _> =
         core::reduce::selected_kernels().into_iter().collect();
-    kernels.insert("minmax_uint8 codec", core::algorithms::codec::selected_kernel());
+    kernels.insert(
+        "minmax_uint8 codec",
+        core::algorithms::codec::selected_kernel(),
+    );
     let compiled = if cfg!(target_feature = "avx512f") {
         "avx512f (compiled in)"
     } else if cfg!(target_feature = "avx2") {

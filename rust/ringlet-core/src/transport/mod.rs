@@ -168,9 +168,13 @@ pub fn check_agreement(rank: usize, all: &[OpDesc]) -> crate::Result<()> {
     })
 }
 
-/// How long a waiting rank spins by default before it parks (see
-/// [`WaitPolicy::spin_for`]).
+/// How long a waiting rank spins by default, on contended cores, for a peer
+/// that may not have entered the operation yet (see [`WaitPolicy::spin_for`]).
 pub const DEFAULT_SPIN_FOR: Duration = Duration::from_micros(50);
+
+/// How long a waiting rank spins by default for a peer inside the operation
+/// (see [`WaitPolicy::long_spin_for`]).
+pub const DEFAULT_LONG_SPIN_FOR: Duration = Duration::from_millis(2);
 
 /// How a waiting rank behaves: spin while the peer is likely to answer
 /// within a few microseconds, then park on a futex that the writer wakes,
@@ -190,10 +194,16 @@ pub struct WaitPolicy {
     /// Spin iterations before the clock is read (the answer of a peer
     /// running on another core arrives within them).
     pub spins: u32,
-    /// Then keep spinning until the wait has lasted this long: a peer inside
-    /// the same operation answers within a few microseconds unless it lost
-    /// its core, and a spinning rank keeps its own core meanwhile.
+    /// A wait for a peer that may still be outside the operation (its first
+    /// phase) spins this long in all when other tasks want the CPUs: the
+    /// peer may be computing for a long time, and a spinning rank keeps a
+    /// core from them.
     pub spin_for: Duration,
+    /// Every other wait spins up to this long: a peer inside the operation
+    /// answers as soon as it has a CPU, and a rank that parks on a contended
+    /// core may wait a whole scheduler slice to run again once woken.
+    /// The first phase spins as long while no other task wants a CPU.
+    pub long_spin_for: Duration,
     /// After spinning, yield the CPU for up to this long before parking
     /// (zero by default; see the type's documentation).
     pub yield_for: Duration,
@@ -207,6 +217,7 @@ impl WaitPolicy {
             timeout,
             spins: 2000,
             spin_for: DEFAULT_SPIN_FOR,
+            long_spin_for: DEFAULT_LONG_SPIN_FOR,
             yield_for: Duration::ZERO,
             park_slice: Duration::from_millis(5),
         }

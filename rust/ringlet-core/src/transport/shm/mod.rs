@@ -29,6 +29,7 @@ use crate::sys;
 use crate::transport::tcp::{TcpMesh, Xfer};
 use crate::transport::{check_agreement, grace, OpDesc, WaitPolicy, Waiting, DESC_WORDS};
 use segment::Segment;
+use std::cell::Cell;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -100,6 +101,10 @@ pub struct ShmGroup {
     policy: WaitPolicy,
     /// Kept alive for the cross-memory-attach probe.
     _probe: Box<u64>,
+    /// When this rank's last wait ended: a first phase that starts soon
+    /// after (back-to-back operations) meets peers that are between calls
+    /// too, and spins as long as a wait inside an operation.
+    last_wait: Cell<Instant>,
 }
 
 fn words_to_bytes(w: &[u64]) -> Vec<u8> {
@@ -154,6 +159,7 @@ impl ShmGroup {
         if let Some(seg) = &seg {
             let c = seg.ctl(rank);
             c.pid.store(sys::pid(), Ordering::SeqCst);
+            c.cpu.store(u32::MAX, Ordering::SeqCst);
             c.probe_addr
                 .store(&*probe as *const u64 as u64, Ordering::SeqCst);
         }
@@ -210,6 +216,7 @@ impl ShmGroup {
             seq: 0,
             policy,
             _probe: probe,
+            last_wait: Cell::new(Instant::now()),
         }))
     }
 
@@ -272,6 +279,16 @@ impl ShmGroup {
         Ok(())
     }
 
+    /// As [`wait_all`](Self::wait_all) for the first phase of an operation,
+    /// where a peer may still be computing outside the library: a shorter
+    /// spin on contended cores (see [`WaitPolicy`]).
+    fn wait_arrivals(&self, op: &'static str) -> Result<()> {
+        for peer in (0..self.size).filter(|&p| p != self.rank) {
+            self.wait_peer_at(peer, self.counter, op, true)?;
+        }
+        Ok(())
+    }
+
     /// One full phase: signal, then wait for everyone.
     pub fn sync(&mut self, op: &'static str) -> Result<()> {
         self.signal();
@@ -280,21 +297,34 @@ impl ShmGroup {
 
     /// Waits until `peer` has reached our current phase.
     pub fn wait_peer(&self, peer: usize, op: &'static str) -> Result<()> {
-        self.wait_peer_at(peer, self.counter, op)
+        self.wait_peer_at(peer, self.counter, op, false)
     }
 
     /// Waits until `peer` has started an operation beyond ours (its phase
     /// runs ahead), then returns that operation's descriptor.
     pub fn wait_next(&self, peer: usize, op: &'static str) -> Result<OpDesc> {
-        self.wait_peer_at(peer, self.counter.wrapping_add(1), op)?;
+        self.wait_peer_at(peer, self.counter.wrapping_add(1), op, true)?;
         self.peer_next(peer, op)?.ok_or_else(|| Error::Mismatch {
             rank: self.rank,
             detail: format!("rank {peer} moved ahead without publishing an operation"),
         })
     }
 
-    /// Waits until `peer`'s phase counter reaches `target`.
-    fn wait_peer_at(&self, peer: usize, target: u32, op: &'static str) -> Result<()> {
+    /// Waits until `peer`'s phase counter reaches `target`; `arrival`: the
+    /// peer may not have entered the operation yet.
+    fn wait_peer_at(
+        &self,
+        peer: usize,
+        target: u32,
+        op: &'static str,
+        arrival: bool,
+    ) -> Result<()> {
+        let out = self.wait_phase(peer, target, op, arrival);
+        self.last_wait.set(Instant::now());
+        out
+    }
+
+    fn wait_phase(&self, peer: usize, target: u32, op: &'static str, arrival: bool) -> Result<()> {
         let c = self.seg.ctl(peer);
         let me = self.seg.ctl(self.rank);
         let reached = |v: u32| (v.wrapping_sub(target) as i32) >= 0;
@@ -305,22 +335,43 @@ impl ShmGroup {
             std::hint::spin_loop();
         }
         let start = Instant::now();
+        let cpu = sys::current_cpu();
+        me.cpu.store(cpu, Ordering::Relaxed);
         // Keep the core while the peer is likely to answer (no system call,
-        // the clock read every 64 turns), unless the peer is parked itself
-        // on contended cores: it answers only once woken and given a CPU,
-        // which this rank's core may be. Then, only if asked, yield.
-        while start.elapsed() < self.policy.spin_for {
+        // the clock read every 64 turns): up to `long_spin_for` for a peer
+        // inside the operation (it answers as soon as it has a CPU, and a
+        // parked rank on a contended core may wait a whole slice to be run
+        // again); for one that may still be outside, only `spin_for` when
+        // other tasks want the CPUs. Stop early for a peer that last waited
+        // on this rank's CPU (spinning holds the core it needs), and for
+        // one that is parked itself on contended cores: it answers only once
+        // woken and given a CPU, which this rank's core may be. Then, only
+        // if asked, yield.
+        let p = &self.policy;
+        // A first phase right after this rank's last wait (back-to-back
+        // operations) is waited for as a phase inside an operation.
+        let arrival = arrival && start.duration_since(self.last_wait.get()) > p.long_spin_for;
+        let spun = loop {
             for _ in 0..64 {
                 if reached(c.counter.load(Ordering::Acquire)) {
                     return Ok(());
                 }
                 std::hint::spin_loop();
             }
-            if c.parked.load(Ordering::Relaxed) != 0 && crate::transport::cores_contended() {
-                break;
+            let waited = start.elapsed();
+            if waited >= p.spin_for.max(p.long_spin_for) {
+                break waited;
             }
-        }
-        while start.elapsed() < self.policy.spin_for + self.policy.yield_for {
+            if cpu != u32::MAX && c.cpu.load(Ordering::Relaxed) == cpu {
+                break waited;
+            }
+            let past_short = arrival && waited >= p.spin_for;
+            let peer_parked = c.parked.load(Ordering::Relaxed) != 0;
+            if (past_short || peer_parked) && crate::transport::cores_contended() {
+                break waited;
+            }
+        };
+        while start.elapsed() < spun + p.yield_for {
             if reached(c.counter.load(Ordering::Acquire)) {
                 return Ok(());
             }
@@ -502,7 +553,7 @@ impl ShmGroup {
         let digest = desc.digest();
         c.digest[parity].store(digest, Ordering::Relaxed);
         self.signal();
-        self.wait_all(desc.kind.name())?;
+        self.wait_arrivals(desc.kind.name())?;
         self.seq = desc.seq;
         // The digests came with the counters (one cache line): the
         // descriptors themselves are read only to name who disagrees. This

@@ -49,7 +49,10 @@ pub struct RankCtl {
     /// rank that waits for it cannot hear from it before it is woken, so on
     /// contended cores it parks too instead of spinning (`shm::wait_peer_at`).
     pub parked: AtomicU32,
-    _pad0: u32,
+    /// The CPU this rank last waited on (`u32::MAX`: unknown): a rank
+    /// waiting for it on the same CPU would spin on the core the peer
+    /// needs, so it parks instead.
+    pub cpu: AtomicU32,
     /// The operation descriptors this rank published, indexed by sequence
     /// parity: a rank can run at most one operation ahead of its slowest peer,
     /// so two buffers keep the one a peer may still be reading intact.
