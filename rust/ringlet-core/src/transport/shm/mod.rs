@@ -335,18 +335,18 @@ impl ShmGroup {
             std::hint::spin_loop();
         }
         let start = Instant::now();
-        let cpu = sys::current_cpu();
+        let mut cpu = sys::current_cpu();
         me.cpu.store(cpu, Ordering::Relaxed);
         // Keep the core while the peer is likely to answer (no system call,
         // the clock read every 64 turns): up to `long_spin_for` for a peer
         // inside the operation (it answers as soon as it has a CPU, and a
         // parked rank on a contended core may wait a whole slice to be run
         // again); for one that may still be outside, only `spin_for` when
-        // other tasks want the CPUs. Stop early for a peer that last waited
-        // on this rank's CPU (spinning holds the core it needs), and for
-        // one that is parked itself on contended cores: it answers only once
-        // woken and given a CPU, which this rank's core may be. Then, only
-        // if asked, yield.
+        // other tasks want the CPUs. A peer last seen on this rank's CPU is
+        // handed the core by a yield (spinning would hold the core it
+        // needs). Stop early for a peer that is parked itself on contended
+        // cores: it answers only once woken and given a CPU, which this
+        // rank's core may be. Then, only if asked, yield.
         let p = &self.policy;
         // A first phase right after this rank's last wait (back-to-back
         // operations) is waited for as a phase inside an operation.
@@ -363,7 +363,14 @@ impl ShmGroup {
                 break waited;
             }
             if cpu != u32::MAX && c.cpu.load(Ordering::Relaxed) == cpu {
-                break waited;
+                // The peer shares this CPU: hand it the core at once (a
+                // yield to a task on this CPU's run queue runs it now; a
+                // futex park would cost two wake-ups and invite the
+                // scheduler to keep both ranks on this CPU).
+                sys::yield_now();
+                cpu = sys::current_cpu();
+                me.cpu.store(cpu, Ordering::Relaxed);
+                continue;
             }
             let past_short = arrival && waited >= p.spin_for;
             let peer_parked = c.parked.load(Ordering::Relaxed) != 0;
@@ -552,6 +559,7 @@ impl ShmGroup {
         }
         let digest = desc.digest();
         c.digest[parity].store(digest, Ordering::Relaxed);
+        c.cpu.store(sys::current_cpu(), Ordering::Relaxed);
         self.signal();
         self.wait_arrivals(desc.kind.name())?;
         self.seq = desc.seq;

@@ -49,9 +49,9 @@ pub struct RankCtl {
     /// rank that waits for it cannot hear from it before it is woken, so on
     /// contended cores it parks too instead of spinning (`shm::wait_peer_at`).
     pub parked: AtomicU32,
-    /// The CPU this rank last waited on (`u32::MAX`: unknown): a rank
-    /// waiting for it on the same CPU would spin on the core the peer
-    /// needs, so it parks instead.
+    /// The CPU this rank last started an operation or a wait on
+    /// (`u32::MAX`: unknown): a rank waiting for it on the same CPU would
+    /// spin on the core the peer needs, so it yields to it instead.
     pub cpu: AtomicU32,
     /// The operation descriptors this rank published, indexed by sequence
     /// parity: a rank can run at most one operation ahead of its slowest peer,
