@@ -76,7 +76,7 @@ def _expected_alltoall_v(rank: int, world: int) -> torch.Tensor:
     return out
 
 
-def gaps_job(rank: int, world: int, port: int) -> dict[str, Any]:
+def gaps_job(rank: int, world: int, port: int, port2: int) -> dict[str, Any]:
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -232,18 +232,31 @@ def gaps_job(rank: int, world: int, port: int) -> dict[str, Any]:
     sampler = LoadBalancingDistributedSampler(dataset, complexity_fn=lambda s: int(s[1]))
     sampler.set_epoch(3)
     out["sampler"] = (sampler.num_replicas, sampler.rank, list(sampler))
+
+    # 6. ringlet.shutdown() closes Bagua's groups too (a hook the door
+    # registers): Bagua's init works again afterwards, on a new store.
+    import ringlet
+
+    ringlet.shutdown()
+    os.environ["MASTER_PORT"] = str(port2)
+    bagua.init_process_group()
+    again = torch.full((3,), float(rank + 1))
+    bagua.allreduce(again, again)
+    out["again"] = again.tolist()
     return out
 
 
 def test_bagua_gaps_on_two_ranks() -> None:
     out = launch(
-        WORLD, gaps_job, free_port(), init=False, timeout=120, env={"OMP_NUM_THREADS": "1"}
+        WORLD, gaps_job, free_port(), free_port(), init=False, timeout=120,
+        env={"OMP_NUM_THREADS": "1"},
     )
     complexities = [i % 7 for i in range(23)]
     for rank in range(WORLD):
         replicas, me, indices = out[rank]["sampler"]
         assert (replicas, me) == (WORLD, rank)
         assert indices == _reference_indices(complexities, WORLD, rank, epoch=3)
+        assert out[rank]["again"] == [float(sum(range(1, WORLD + 1)))] * 3
 
 
 # -- the samplers against an independent re-computation of Bagua's partition -----

@@ -15,7 +15,6 @@ import math
 import os
 import secrets
 import socket
-import sys
 import threading
 import time
 import zlib
@@ -763,6 +762,31 @@ def _hierarchy(
 _MAX_CHANNELS = 1024
 
 
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def on_shutdown(hook: Callable[[], None]) -> Callable[[], None]:
+    """Registers ``hook`` to run at every :func:`shutdown`, before this
+    process's own connections close: a door whose workers or groups own
+    communicators of the job closes them there. Registering a hook twice
+    runs it once.
+
+    Args:
+      hook (Callable[[], None]): Closes what the door holds; must do nothing
+        when it holds nothing.
+
+    Returns:
+      Callable[[], None]: ``hook`` itself (usable as a decorator).
+
+    Example:
+      >>> from ringlet import runtime
+      >>> runtime.on_shutdown(close_modules)
+    """
+    if hook not in _shutdown_hooks:
+        _shutdown_hooks.append(hook)
+    return hook
+
+
 def shutdown() -> None:
     """Closes every connection of this process; :func:`init` may be called again.
 
@@ -772,12 +796,10 @@ def shutdown() -> None:
       False
     """
     global _state
-    tensor_api = sys.modules.get("ringlet.tensor")
-    if tensor_api is not None and _state is not None:
-        tensor_api.close_modules()  # their workers own communicators of this job
-    hooks = sys.modules.get("ringlet.comm_hooks")
-    if hooks is not None and _state is not None:
-        hooks.close_states()  # so do the DDP comm-hook workers
+    # The doors' workers and groups own communicators of this job: they close
+    # first (hooks the doors registered with on_shutdown, in import order).
+    for hook in list(_shutdown_hooks):
+        hook()
     with _lock:
         state, _state = _state, None
     if state is None:

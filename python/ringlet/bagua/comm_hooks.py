@@ -157,3 +157,6 @@ def close_states() -> None:
         _states.clear()
     for s in states:
         s.close()
+
+
+runtime.on_shutdown(close_states)

@@ -401,6 +401,9 @@ def _shutdown() -> None:
         get_communicator.cache_clear()
 
 
+runtime.on_shutdown(_shutdown)
+
+
 def new_group(ranks: Optional[list[int]] = None, stream: Any = None) -> BaguaProcessGroup:
     """Creates a process group of ``ranks`` (Bagua's ``new_group``).
 

@@ -470,6 +470,7 @@ def close_modules() -> None:
 
 
 atexit.register(close_modules)
+runtime.on_shutdown(close_modules)
 
 
 def _module_of(module_name: Optional[str], name: str) -> TensorModule:
