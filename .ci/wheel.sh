@@ -39,7 +39,10 @@ python -m pip install -q "maturin[zig]>=1.5,<2"
 say "prebuild the native Backend for this environment's torch"
 prebuilt="$repo/python/ringlet/distributed/_prebuilt"
 rm -rf "$prebuilt"  # one torch per wheel: no library left from an earlier torch
-so=$(python -c 'from ringlet.distributed import _native; print(_native._prebuild())')
+# Into the checkout's package (maturin packs python/), whichever ringlet this Python imports
+# (CI's first step installs a copy into site-packages: its sources are this checkout's).
+so=$(python -c 'import sys; from pathlib import Path; from ringlet.distributed import _native
+print(_native._prebuild(Path(sys.argv[1])))' "$prebuilt")
 echo "wheel check: $so"
 # Newest symbol version per library family must fit manylinux_2_28 (as the wheel's tag says)
 newest() { objdump -T "$so" | grep -o "$1_[0-9.]*" | sort -uV | tail -1; }
