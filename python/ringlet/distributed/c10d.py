@@ -2035,6 +2035,20 @@ def _monitored_barrier(
 _original_create_c10d_store: Optional[Callable[..., Any]] = None
 
 
+def _for_ringlet() -> bool:
+    """Whether the ``init_process_group`` call that is making a store asked
+    for ringlet (its ``backend`` argument names it): only ringlet's start-up
+    is bounded by :func:`_create_c10d_store`, other backends' are torch's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "init_process_group" and "distributed_c10d" in code.co_filename:
+            backend = frame.f_locals.get("backend")
+            return isinstance(backend, str) and BACKEND_NAME in backend.lower()
+        frame = frame.f_back
+    return False
+
+
 def _create_c10d_store(
     hostname: str,
     port: int,
@@ -2044,8 +2058,8 @@ def _create_c10d_store(
     use_libuv: bool = True,
 ) -> Any:
     """torch's ``rendezvous._create_c10d_store`` (the store of
-    ``init_process_group``'s ``tcp://`` and ``env://`` methods, whatever the
-    backend), bounded by ``timeout``: torch's client waits with no limit for
+    ``init_process_group``'s ``tcp://`` and ``env://`` methods), bounded by
+    ``timeout`` when the backend asked for is ringlet: torch's client waits with no limit for
     the first answer of a port held by a program that accepts connections and
     never answers, and a rank that cannot listen on a taken port says what
     holds it (``runtime._open_store``). Same store, same error types
@@ -2054,6 +2068,8 @@ def _create_c10d_store(
     make = functools.partial(
         _original_create_c10d_store, hostname, port, rank, world_size, timeout, use_libuv
     )
+    if not _for_ringlet():  # another backend's start-up stays torch's own
+        return make()
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     secs = timeout.total_seconds() if isinstance(timeout, timedelta) else 0.0
     if secs <= 0 or not 0 <= port < 2**16:  # torch's own answer (no limit, bad port)
@@ -2065,8 +2081,9 @@ def register() -> None:
     """Registers the backend ``"ringlet"`` with ``torch.distributed`` for CPU
     tensors (done by ``import ringlet`` and by the package's entry point;
     calling it again does nothing). It also bounds the wait for the store of
-    ``init_process_group``'s ``tcp://`` and ``env://`` methods by the
-    group's timeout, for every backend (``_create_c10d_store``).
+    ``init_process_group("ringlet")``'s ``tcp://`` and ``env://`` methods by the
+    group's timeout (``_create_c10d_store``; other backends' start-up is left
+    as torch has it).
 
     Example:
       >>> import ringlet.c10d
