@@ -31,20 +31,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from test_recipes import FRAMEWORKS, _ray_run, _run, _torchrun
-
-from conftest import free_port
+from test_recipes import FRAMEWORKS, _ray_run, _run, _torchft_replicas, _torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -256,7 +251,7 @@ def test_blocks_run(group: str, tmp_path: Path) -> None:
     script = tmp_path / next(w for w in shlex.split(program.command) if w.endswith(".py"))
     script.write_text(program.code)
     if framework == "torchft":
-        _torchft_replicas(tmp_path, script)
+        _torchft_replicas([script, script], [tmp_path, tmp_path])
         return
     if framework == "ray":  # Ray's session files in a fresh folder of a short path
         _ray_run(tmp_path, script)
@@ -267,54 +262,3 @@ def test_blocks_run(group: str, tmp_path: Path) -> None:
         else _torchrun(program.nproc, script)
     )
     _run(cmd, tmp_path, timeout=300, env=program.env)
-
-
-def _torchft_replicas(tmp: Path, script: Path) -> None:
-    """Two replica groups of ``script``, each ``torchrun --nproc_per_node 1``
-    with its ``REPLICA_GROUP_ID``, under one ``torchft_lighthouse
-    --min_replicas 2`` on a free port, as the torchft page launches them;
-    both must exit 0 within the timeout."""
-    port = free_port()
-    lighthouse = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "torchft_lighthouse"),
-            "--min_replicas",
-            "2",
-            "--bind",
-            f"[::]:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        for replica in (0, 1):
-            env = {
-                **os.environ,
-                "OMP_NUM_THREADS": "1",
-                "REPLICA_GROUP_ID": str(replica),
-                "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}",
-            }
-            procs.append(
-                subprocess.Popen(
-                    _torchrun(1, script),
-                    cwd=tmp,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
-        for replica, proc in enumerate(procs):
-            try:
-                out, _ = proc.communicate(timeout=240)
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"replica group {replica} did not finish within 240s")
-            assert proc.returncode == 0, f"replica group {replica}:\n{out[-6000:]}"
-    finally:
-        for proc in [*procs, lighthouse]:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

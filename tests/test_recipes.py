@@ -403,25 +403,24 @@ manager.shutdown(wait=False)
 '''
 
 
-def _torchft_run(tmp: Path, block: str) -> dict[int, list[dict[str, Any]]]:
-    """Two replica groups of the block, each ``torchrun --nproc_per_node 1``
-    with ``TORCHFT_LIGHTHOUSE`` naming a ``torchft_lighthouse --min_replicas
-    2`` (on a free port); returns each replica's records."""
+def _torchft_replicas(scripts: list[Path], cwds: list[Path]) -> None:
+    """Two replica groups, ``scripts[i]`` in ``cwds[i]``, each ``torchrun
+    --nproc_per_node 1`` with its ``REPLICA_GROUP_ID`` and
+    ``TORCHFT_LIGHTHOUSE`` naming one ``torchft_lighthouse --min_replicas 2``
+    (on a free port), as the torchft page launches them; both must exit 0
+    within 240 s (every process is killed afterwards, also on failure)."""
     lighthouse_port = free_port()
     lighthouse = subprocess.Popen(
         [str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "2",
          "--bind", f"[::]:{lighthouse_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    procs = []
+    procs: list[subprocess.Popen[str]] = []
     try:
-        for replica in (0, 1):
-            out = tmp / f"replica{replica}"
-            out.mkdir()
-            script = _script(out, "train.py", TORCHFT_PRELUDE, block, TORCHFT_EPILOGUE)
+        for replica, (script, cwd) in enumerate(zip(scripts, cwds)):
             env = {**os.environ, "OMP_NUM_THREADS": "1", "REPLICA_GROUP_ID": str(replica),
                    "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lighthouse_port}"}
             procs.append(subprocess.Popen(
-                _torchrun(1, script), cwd=out, env=env, stdout=subprocess.PIPE,
+                _torchrun(1, script), cwd=cwd, env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True, start_new_session=True))
         for replica, proc in enumerate(procs):
             try:
@@ -434,7 +433,18 @@ def _torchft_run(tmp: Path, block: str) -> dict[int, list[dict[str, Any]]]:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return {replica: _reports(tmp / f"replica{replica}", 1)[0] for replica in (0, 1)}
+
+
+def _torchft_run(tmp: Path, block: str) -> dict[int, list[dict[str, Any]]]:
+    """Two replica groups of the block (:func:`_torchft_replicas`); returns
+    each replica's records."""
+    outs = [tmp / f"replica{replica}" for replica in (0, 1)]
+    scripts = []
+    for out in outs:
+        out.mkdir()
+        scripts.append(_script(out, "train.py", TORCHFT_PRELUDE, block, TORCHFT_EPILOGUE))
+    _torchft_replicas(scripts, outs)
+    return {replica: _reports(outs[replica], 1)[0] for replica in (0, 1)}
 
 
 @_requires("torchft.md")
