@@ -273,18 +273,15 @@ impl ShmGroup {
 
     /// Waits until every peer has reached our current phase.
     pub fn wait_all(&self, op: &'static str) -> Result<()> {
-        for peer in (0..self.size).filter(|&p| p != self.rank) {
-            self.wait_peer(peer, op)?;
-        }
-        Ok(())
+        self.wait_each(op, false)
     }
 
-    /// As [`wait_all`](Self::wait_all) for the first phase of an operation,
-    /// where a peer may still be computing outside the library: a shorter
-    /// spin on contended cores (see [`WaitPolicy`]).
-    fn wait_arrivals(&self, op: &'static str) -> Result<()> {
+    /// Waits for every peer to reach our current phase; `arrival`: the first
+    /// phase of an operation, where a peer may still be computing outside
+    /// the library (a shorter spin on contended cores, see [`WaitPolicy`]).
+    fn wait_each(&self, op: &'static str, arrival: bool) -> Result<()> {
         for peer in (0..self.size).filter(|&p| p != self.rank) {
-            self.wait_peer_at(peer, self.counter, op, true)?;
+            self.wait_peer_at(peer, self.counter, op, arrival)?;
         }
         Ok(())
     }
@@ -561,7 +558,7 @@ impl ShmGroup {
         c.digest[parity].store(digest, Ordering::Relaxed);
         c.cpu.store(sys::current_cpu(), Ordering::Relaxed);
         self.signal();
-        self.wait_arrivals(desc.kind.name())?;
+        self.wait_each(desc.kind.name(), true)?;
         self.seq = desc.seq;
         // The digests came with the counters (one cache line): the
         // descriptors themselves are read only to name who disagrees. This
