@@ -25,6 +25,11 @@ the ways taking turns in blocks of ``--steps`` steps for ``--rounds`` rounds
 (the first round is warm-up); the table gives each way's median step (the
 slowest rank's) and its speed-up over ``ddp-gloo`` and ``ddp-ringlet``.
 
+``--part lm``: a character-level transformer LM across slow links (20 Mbit):
+DDP against DiLoCo, Streaming DiLoCo (8- and 4-bit) and LocalSGD, eval loss
+over time and bytes per host; its own options (:mod:`ringlet.bench.lm`,
+``--part lm --help``).
+
 ``--part accuracy``: time to accuracy on scikit-learn's digits (shipped with
 the package: nothing is downloaded): an MLP (64-512-512-10) trained for
 ``--epochs`` epochs by each way (SGD with momentum 0.9; QAdam, eps 1e-6,
@@ -364,9 +369,18 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(Path(sys.argv[2]))
         return
+    argv = sys.argv[1:]
+    if any(a == "--part=lm" or (a == "--part" and b == "lm")
+           for a, b in zip(argv, [*argv[1:], ""])):
+        from . import lm  # the LM across slow links: its own options (ringlet.bench.lm)
+
+        lm.main(argv)
+        return
     p = argparse.ArgumentParser(prog="python -m ringlet.bench algorithms", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", default="steps", choices=["steps", "accuracy"])
+    p.add_argument("--part", default="steps", choices=["steps", "accuracy", "lm"],
+                   help="lm: a language model across slow links, with its own options "
+                        "(--part lm --help; ringlet.bench.lm)")
     p.add_argument("--layout", default="2,2",
                    help="ranks per host (default 2,2); one number: one host, no namespaces "
                         "(no root needed)")
