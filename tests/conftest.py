@@ -33,6 +33,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# What a rank's process has imported before it starts: torch (which imports
+# ringlet through its backend entry point), torch.distributed, pytest and this
+# module. A spawned rank pays those imports again (2-3 s a rank on this 2-core
+# machine, 5-9 s a 4-rank launch); a rank forked from a server that imported them
+# once starts in a few milliseconds.
+_PRELOAD = ["torch", "torch.distributed", "pytest", "conftest"]
+# The key (never set in a rank's environment) that marks a launch's env as complete.
+_ENV_COMPLETE = "<the launching process's whole environment>"
+
+
+def _start_context() -> Any:
+    """The multiprocessing context ``launch`` starts ranks with: ``forkserver``
+    with ``_PRELOAD`` imported in the server (started at the first launch, after
+    the session's native Backend build), or ``spawn`` where RINGLET_TEST_START=spawn
+    asks for fresh interpreters. Either way a rank gets the launching process's
+    environment, working directory and ``sys.path`` at the launch, and nothing
+    else of its state."""
+    method = os.environ.get("RINGLET_TEST_START", "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise ValueError(f"RINGLET_TEST_START={method!r}: expected 'forkserver' or 'spawn'")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def _worker(
     fn: Callable[..., Any],
     rank: int,
@@ -44,6 +70,12 @@ def _worker(
     results: Any,
     extra: tuple[Any, ...],
 ) -> None:
+    # ``env`` is the launching process's whole environment plus the launch's own
+    # variables (marked complete): a rank forked from the preloaded server
+    # (``_start_context``) would otherwise see the server's environment, not the test's.
+    if env.pop(_ENV_COMPLETE, None) is not None:
+        for name in set(os.environ) - set(env):
+            del os.environ[name]
     os.environ.update(env)
     try:
         import torch
@@ -88,10 +120,15 @@ def launch(
     ``{rank: result}``. Raises if any rank fails or the run outlives
     ``timeout`` (then every process is killed). Ranks in ``expect_dead`` may
     die without reporting."""
-    ctx = mp.get_context("spawn")
+    ctx = _start_context()
     results = ctx.Queue()
     port = free_port()
-    full_env = {"RINGLET_TRANSPORT": "tcp" if transport == "tcp" else "auto", **(env or {})}
+    full_env = {
+        **os.environ,
+        "RINGLET_TRANSPORT": "tcp" if transport == "tcp" else "auto",
+        **(env or {}),
+        _ENV_COMPLETE: "1",
+    }
     procs = [
         ctx.Process(
             target=_worker,
