@@ -99,14 +99,8 @@ impl CentralizedOp {
         error_feedback: bool,
     ) -> PyResult<Self> {
         let compress = match compression {
-            None => false,
-            Some("MinMaxUInt8") => true,
-            Some(other) => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown compression {other:?}: ringlet implements \"MinMaxUInt8\" \
-                     (or None for none)"
-                )))
-            }
+            None => None,
+            Some(name) => Some(alg::Codec::by_name(name).map_err(crate::errors::to_pyerr)?),
         };
         let op = alg::CentralizedOp::new(comms.inner.clone(), average, compress, error_feedback)
             .map_err(crate::errors::to_pyerr)?;
@@ -384,4 +378,169 @@ pub(crate) fn shift_one_peer(rank: usize, n: usize, step: u64) -> PyResult<usize
         )));
     }
     Ok(alg::shift_one_peer(rank, n, step))
+}
+
+/// DiLoCo's outer average of one flat bucket (`ringlet_core::algorithms::outer`):
+/// the pseudo-gradient in `pseudo` averaged into `avg` on a thread.
+#[pyclass(module = "ringlet._core")]
+pub(crate) struct OuterSync {
+    inner: alg::outer::OuterSync,
+}
+
+#[pymethods]
+impl OuterSync {
+    /// `pseudo` and `avg`: (data pointer, bytes, owner) of two contiguous
+    /// CPU tensors of `dtype_name` of the same size, kept alive by this
+    /// object; `compression` None (exact), "MinMaxUInt8" or "MinMaxUInt4".
+    #[new]
+    #[pyo3(signature = (comms, dtype_name, pseudo, avg, compression=None, error_feedback=false))]
+    fn new(
+        comms: &Comms,
+        dtype_name: &str,
+        pseudo: (usize, usize, PyObject),
+        avg: (usize, usize, PyObject),
+        compression: Option<&str>,
+        error_feedback: bool,
+    ) -> PyResult<Self> {
+        let codec = match compression {
+            None => None,
+            Some(name) => Some(alg::Codec::by_name(name).map_err(crate::errors::to_pyerr)?),
+        };
+        let p = host_tensor(pseudo.0, pseudo.1, dtype_name, pseudo.2)?;
+        let a = host_tensor(avg.0, avg.1, dtype_name, avg.2)?;
+        let inner = alg::outer::OuterSync::new(comms.inner.clone(), codec, error_feedback, p, a)
+            .map_err(crate::errors::to_pyerr)?;
+        Ok(OuterSync { inner })
+    }
+
+    /// Starts the average (the caller leaves both buffers alone until `wait`).
+    fn start(&mut self) -> PyResult<()> {
+        self.inner.start().map_err(crate::errors::to_pyerr)
+    }
+
+    /// Waits for the average started last (raises its error).
+    fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        run(py, move || inner.wait())
+    }
+
+    /// Whether an average was started and not yet waited for.
+    fn running(&self) -> bool {
+        self.inner.running()
+    }
+}
+
+/// The checked byte ranges of a list of (data pointer, bytes) tensors.
+fn raw_list(parts: &[(usize, usize)]) -> PyResult<Vec<core::buf::RawBuf>> {
+    parts.iter().map(|&(p, n)| raw_buf(p, n)).collect()
+}
+
+/// `out = flat - concat(params)`: the pseudo-gradient of a flat global copy
+/// against the parameters (each a (data pointer, bytes) of a contiguous CPU
+/// tensor of `dtype_name`).
+#[pyfunction]
+pub(crate) fn pseudo_gradient(
+    py: Python<'_>,
+    flat: (usize, usize),
+    params: Vec<(usize, usize)>,
+    out: (usize, usize),
+    dtype_name: &str,
+) -> PyResult<()> {
+    let d = dtype(dtype_name)?;
+    let (g, o) = crate::in_out(flat.0, flat.1, out.0, out.1)?;
+    let ps = raw_list(&params)?;
+    run(py, move || {
+        // SAFETY: contiguous CPU tensors the caller keeps alive and leaves
+        // alone during the call; `out` is checked not to overlap `flat`, and
+        // the Python caller passes parameters distinct from both.
+        let locals: Vec<&[u8]> = ps.into_iter().map(|b| unsafe { b.slice() }).collect();
+        alg::outer::pseudo_gradient(unsafe { g.slice() }, &locals, unsafe { o.slice_mut() }, d)
+    })
+}
+
+/// Copies the flat buffer into the parameters, one after the other.
+#[pyfunction]
+pub(crate) fn flat_scatter(
+    py: Python<'_>,
+    flat: (usize, usize),
+    params: Vec<(usize, usize)>,
+) -> PyResult<()> {
+    let f = raw_buf(flat.0, flat.1)?;
+    let ps = raw_list(&params)?;
+    run(py, move || {
+        // SAFETY: as in `pseudo_gradient`: distinct live CPU tensors nothing
+        // else touches during the call.
+        let mut dsts: Vec<&mut [u8]> = ps.into_iter().map(|b| unsafe { b.slice_mut() }).collect();
+        alg::outer::scatter(unsafe { f.slice() }, &mut dsts)
+    })
+}
+
+/// Copies the parameters, one after the other, into the flat buffer.
+#[pyfunction]
+pub(crate) fn flat_gather(
+    py: Python<'_>,
+    params: Vec<(usize, usize)>,
+    flat: (usize, usize),
+) -> PyResult<()> {
+    let f = raw_buf(flat.0, flat.1)?;
+    let ps = raw_list(&params)?;
+    run(py, move || {
+        // SAFETY: as in `pseudo_gradient`.
+        let srcs: Vec<&[u8]> = ps.into_iter().map(|b| unsafe { b.slice() }).collect();
+        alg::outer::gather(&srcs, unsafe { f.slice_mut() })
+    })
+}
+
+/// A codec (`"MinMaxUInt8"` or `"MinMaxUInt4"`) on raw buffers: compresses
+/// `nbytes` of `dtype_name` at `in_ptr` into `out_nbytes` at `out_ptr`.
+#[pyfunction]
+pub(crate) fn codec_compress(
+    py: Python<'_>,
+    codec: &str,
+    in_ptr: usize,
+    nbytes: usize,
+    dtype_name: &str,
+    out_ptr: usize,
+    out_nbytes: usize,
+) -> PyResult<()> {
+    let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
+    let d = dtype(dtype_name)?;
+    let (i, o) = crate::in_out(in_ptr, nbytes, out_ptr, out_nbytes)?;
+    // SAFETY: as in `minmax_uint8_compress`.
+    run(py, move || {
+        c.compress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
+    })
+}
+
+/// The codec's decompression of `in_nbytes` at `in_ptr` into `nbytes` of
+/// `dtype_name` at `out_ptr`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn codec_decompress(
+    py: Python<'_>,
+    codec: &str,
+    in_ptr: usize,
+    in_nbytes: usize,
+    out_ptr: usize,
+    nbytes: usize,
+    dtype_name: &str,
+) -> PyResult<()> {
+    let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
+    let d = dtype(dtype_name)?;
+    let (i, o) = crate::in_out(in_ptr, in_nbytes, out_ptr, nbytes)?;
+    // SAFETY: as in `minmax_uint8_compress`.
+    run(py, move || {
+        c.decompress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
+    })
+}
+
+/// Bytes a chunk of `elements` elements of `dtype_name` compresses to.
+#[pyfunction]
+pub(crate) fn codec_compressed_len(
+    codec: &str,
+    dtype_name: &str,
+    elements: usize,
+) -> PyResult<usize> {
+    let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
+    Ok(c.compressed_len(dtype(dtype_name)?, elements))
 }

@@ -543,6 +543,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<algorithms::DecentralizedOp>()?;
     m.add_class::<algorithms::LowPrecisionOp>()?;
     m.add_class::<algorithms::AsyncAverager>()?;
+    m.add_class::<algorithms::OuterSync>()?;
+    m.add_function(wrap_pyfunction!(algorithms::pseudo_gradient, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithms::flat_scatter, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithms::flat_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithms::codec_compress, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithms::codec_decompress, m)?)?;
+    m.add_function(wrap_pyfunction!(algorithms::codec_compressed_len, m)?)?;
     m.add_function(wrap_pyfunction!(algorithms::minmax_uint8_compress, m)?)?;
     m.add_function(wrap_pyfunction!(algorithms::minmax_uint8_decompress, m)?)?;
     m.add_function(wrap_pyfunction!(

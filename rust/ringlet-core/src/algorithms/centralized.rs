@@ -22,7 +22,7 @@
 //!   then the mean over hosts.
 
 use super::arith;
-use super::compressed::{compressed_all_reduce, grow, Feedback, Scratch};
+use super::compressed::{compressed_all_reduce, grow, Codec, Feedback, Scratch};
 use super::levels::{broadcast, reduce, sum, Comms};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -35,7 +35,7 @@ use std::collections::HashMap;
 pub struct CentralizedOp {
     comms: Comms,
     average: bool,
-    compress: bool,
+    compress: Option<Codec>,
     error_feedback: bool,
     feedback: HashMap<u64, Feedback>,
     scratch: Scratch,
@@ -44,16 +44,17 @@ pub struct CentralizedOp {
 }
 
 impl CentralizedOp {
-    /// A sum (or mean, with `average`) over `comms`; `compress` uses
-    /// MinMaxUInt8 across the exchange level; `error_feedback` (needs
-    /// `compress`) carries each quantization's residual to the next call.
+    /// A sum (or mean, with `average`) over `comms`; `compress` picks the
+    /// codec across the exchange level (None: exact); `error_feedback`
+    /// (needs `compress`) carries each quantization's residual to the next
+    /// call.
     pub fn new(
         comms: Comms,
         average: bool,
-        compress: bool,
+        compress: Option<Codec>,
         error_feedback: bool,
     ) -> Result<CentralizedOp> {
-        if error_feedback && !compress {
+        if error_feedback && compress.is_none() {
             return Err(Error::InvalidArgument(
                 "error feedback needs compression: an exact all-reduce leaves no residual".into(),
             ));
@@ -86,15 +87,12 @@ impl CentralizedOp {
     /// `dtype`); `key` picks the error-feedback residuals (the bucket's
     /// index; any stable number for other callers).
     pub fn apply(&mut self, buf: &mut [u8], dtype: DType, key: u64) -> Result<()> {
-        if self.average || self.compress {
-            arith::require_float(
-                dtype,
-                if self.compress {
-                    "MinMaxUInt8 compression"
-                } else {
-                    "averaging"
-                },
-            )?;
+        if self.average || self.compress.is_some() {
+            let what = match self.compress {
+                Some(c) => format!("{} compression", c.name()),
+                None => "averaging".to_string(),
+            };
+            arith::require_float(dtype, &what)?;
         }
         let CentralizedOp {
             comms,
@@ -109,9 +107,10 @@ impl CentralizedOp {
         // The exchange level: sum, or mean over its ranks (divided inside
         // the compressed all-reduce, before the owner's compression, as Bagua).
         let mut exchange = |comm: &SharedCommunicator, buf: &mut [u8], mean: bool| -> Result<()> {
-            if *compress {
+            if let Some(codec) = *compress {
                 let fb = error_feedback.then(|| feedback.entry(key).or_default());
-                return comm.with(|c| compressed_all_reduce(c, buf, dtype, mean, fb, scratch));
+                return comm
+                    .with(|c| compressed_all_reduce(c, buf, dtype, mean, codec, fb, scratch));
             }
             sum(comm, buf, dtype)?;
             if mean && comm.size() > 1 {

@@ -27,6 +27,7 @@
 
 use super::arith;
 use super::codec;
+use super::codec4;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::group::Communicator;
@@ -36,6 +37,78 @@ use std::ops::Range;
 pub(crate) fn chunk(n: usize, p: usize, j: usize) -> Range<usize> {
     let at = |k: usize| ((n as u128 * k as u128) / p as u128) as usize;
     at(j)..at(j + 1)
+}
+
+/// How a compressed all-reduce quantizes: Bagua's MinMaxUInt8 (one
+/// minimum and maximum per chunk, a byte per element), or MinMaxUInt4
+/// (15 levels on blocks of 512 elements, two elements per byte;
+/// [`codec4`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    /// 8 bits per element, per chunk ([`codec`]).
+    MinMaxUInt8,
+    /// 4 bits per element, per block of 512 ([`codec4`]).
+    MinMaxUInt4,
+}
+
+impl Codec {
+    /// The codec named `name` (`"MinMaxUInt8"` or `"MinMaxUInt4"`).
+    pub fn by_name(name: &str) -> Result<Codec> {
+        match name {
+            "MinMaxUInt8" => Ok(Codec::MinMaxUInt8),
+            "MinMaxUInt4" => Ok(Codec::MinMaxUInt4),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown compression {other:?}: ringlet implements \"MinMaxUInt8\" and \
+                 \"MinMaxUInt4\" (or None for none)"
+            ))),
+        }
+    }
+
+    /// Its name, as [`Codec::by_name`] takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::MinMaxUInt8 => "MinMaxUInt8",
+            Codec::MinMaxUInt4 => "MinMaxUInt4",
+        }
+    }
+
+    /// Bytes of a compressed chunk of `elements` elements.
+    pub fn compressed_len(self, dtype: DType, elements: usize) -> usize {
+        match self {
+            Codec::MinMaxUInt8 => codec::compressed_len(dtype, elements),
+            Codec::MinMaxUInt4 => codec4::compressed_len(dtype, elements),
+        }
+    }
+
+    /// Compresses the chunk `src` into `dst`.
+    pub fn compress(self, dtype: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        match self {
+            Codec::MinMaxUInt8 => codec::compress(dtype, src, dst),
+            Codec::MinMaxUInt4 => codec4::compress(dtype, src, dst),
+        }
+    }
+
+    /// Decompresses the chunk `src` into `dst`.
+    pub fn decompress(self, dtype: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        match self {
+            Codec::MinMaxUInt8 => codec::decompress(dtype, src, dst),
+            Codec::MinMaxUInt4 => codec4::decompress(dtype, src, dst),
+        }
+    }
+
+    fn accumulate(self, dtype: DType, src: &[u8], acc: &mut [f32], first: bool) -> Result<()> {
+        match self {
+            Codec::MinMaxUInt8 => codec::decompress_accumulate(dtype, src, acc, first),
+            Codec::MinMaxUInt4 => codec4::decompress_accumulate(dtype, src, acc, first),
+        }
+    }
+
+    fn accumulate_f64(self, src: &[u8], acc: &mut [f64], first: bool) -> Result<()> {
+        match self {
+            Codec::MinMaxUInt8 => codec::decompress_accumulate_f64(src, acc, first),
+            Codec::MinMaxUInt4 => codec4::decompress_accumulate_f64(src, acc, first),
+        }
+    }
 }
 
 /// Scratch memory kept between calls (no page faults on the hot path).
@@ -95,6 +168,7 @@ impl Feedback {
 /// Compresses `x` (one chunk) into `out`; with a residual, adds it to `x`
 /// first and leaves in it what the compression lost (`x - Q(x)`).
 fn compress_with(
+    codec: Codec,
     dtype: DType,
     x: &mut [u8],
     out: &mut [u8],
@@ -102,12 +176,12 @@ fn compress_with(
     tmp: &mut Vec<u64>,
 ) -> Result<()> {
     match residual {
-        None => codec::compress(dtype, x, out),
+        None => codec.compress(dtype, x, out),
         Some(r) => {
             arith::add(x, r, dtype)?;
-            codec::compress(dtype, x, out)?;
+            codec.compress(dtype, x, out)?;
             let back = grow(tmp, x.len());
-            codec::decompress(dtype, out, back)?;
+            codec.decompress(dtype, out, back)?;
             arith::sub_into(r, x, back, dtype)
         }
     }
@@ -121,10 +195,11 @@ pub(crate) fn compressed_all_reduce(
     buf: &mut [u8],
     dtype: DType,
     average: bool,
+    codec: Codec,
     mut feedback: Option<&mut Feedback>,
     s: &mut Scratch,
 ) -> Result<()> {
-    arith::require_float(dtype, "MinMaxUInt8 compression")?;
+    arith::require_float(dtype, &format!("{} compression", codec.name()))?;
     let esz = dtype.size();
     if !buf.len().is_multiple_of(esz) {
         return Err(Error::InvalidArgument(format!(
@@ -135,7 +210,7 @@ pub(crate) fn compressed_all_reduce(
     }
     let (p, me, n) = (comm.size(), comm.rank(), buf.len() / esz);
     let mine = chunk(n, p, me);
-    let clen = |r: Range<usize>| codec::compressed_len(dtype, r.len());
+    let clen = |r: Range<usize>| codec.compressed_len(dtype, r.len());
     if let Some(fb) = feedback.as_deref_mut() {
         fb.fit(buf.len(), mine.len() * esz, dtype);
     }
@@ -155,6 +230,7 @@ pub(crate) fn compressed_all_reduce(
             None => None,
         };
         compress_with(
+            codec,
             dtype,
             &mut buf[bytes],
             &mut send[at..at + len],
@@ -174,13 +250,13 @@ pub(crate) fn compressed_all_reduce(
     if dtype == DType::F64 {
         s.acc64.resize(mine.len(), 0.0);
         for (i, b) in recv.chunks_exact(block).take(p).enumerate() {
-            codec::decompress_accumulate_f64(b, &mut s.acc64, i == 0)?;
+            codec.accumulate_f64(b, &mut s.acc64, i == 0)?;
         }
         codec::store_scaled_f64(&s.acc64, divisor, out)?;
     } else {
         s.acc32.resize(mine.len(), 0.0);
         for (i, b) in recv.chunks_exact(block).take(p).enumerate() {
-            codec::decompress_accumulate(dtype, b, &mut s.acc32, i == 0)?;
+            codec.accumulate(dtype, b, &mut s.acc32, i == 0)?;
         }
         codec::store_scaled(dtype, &s.acc32, divisor as f32, out)?;
     }
@@ -193,13 +269,13 @@ pub(crate) fn compressed_all_reduce(
         Some(fb) => Some(&mut bytemuck::cast_slice_mut::<u64, u8>(&mut fb.server)[..out.len()]),
         None => None,
     };
-    compress_with(dtype, out, &mut gin[..block], residual, &mut s.tmp)?;
+    compress_with(codec, dtype, out, &mut gin[..block], residual, &mut s.tmp)?;
     let gout = grow(&mut s.gather_out, widest * p);
     comm.all_gather(gin, gout, DType::U8)?;
     for j in 0..p {
         let r = chunk(n, p, j);
         let len = clen(r.clone());
-        codec::decompress(
+        codec.decompress(
             dtype,
             &gout[j * widest..j * widest + len],
             &mut buf[r.start * esz..r.end * esz],

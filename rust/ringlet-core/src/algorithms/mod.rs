@@ -11,6 +11,9 @@
 //!   (`all`, or `shift_one`'s changing pairs).
 //! * [`LowPrecisionOp`]: low-precision decentralized SGD's ring exchange of
 //!   compressed weight differences with both neighbours.
+//! * [`outer`]: DiLoCo's and LocalSGD's outer synchronisation: the
+//!   pseudo-gradient of a flat bucket, its exact, 8-bit or 4-bit average on
+//!   a thread while training goes on, and the restore and save copies.
 //! * [`AsyncAverager`]: asynchronous model averaging on a thread of its own,
 //!   locked against the training loop.
 //!
@@ -21,6 +24,7 @@
 //! Algorithm state (peer weights, replicas, residuals) lives in host memory.
 
 pub mod codec;
+pub mod codec4;
 
 mod arith;
 mod async_average;
@@ -29,10 +33,11 @@ mod compressed;
 mod decentralized;
 mod levels;
 mod low_precision;
+pub mod outer;
 
 pub use async_average::{AsyncAverager, AsyncStatus};
 pub use centralized::CentralizedOp;
-pub use compressed::{Feedback, Scratch};
+pub use compressed::{Codec, Feedback, Scratch};
 pub use decentralized::{shift_one_peer, DecentralizedOp, PeerMode};
 pub use levels::{Comms, HostTensor};
 pub use low_precision::LowPrecisionOp;

@@ -1,0 +1,181 @@
+"""The replicas an outer algorithm (DiLoCo, LocalSGD) averages over: the
+members of a process group, their engine communicators (flat, or Bagua's two
+levels: exact within a host, compressed across), agreement on arguments
+through the group's store, and the survivors' new communicators after a
+replica is lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+from .. import _core, runtime
+from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
+
+
+def _store_host(store: Any) -> Optional[str]:
+    host = getattr(store, "host", None)
+    if host is None and hasattr(store, "underlying_store"):
+        return _store_host(store.underlying_store)
+    return host
+
+
+def _group_timeout(pg: Any) -> float:
+    try:
+        t = dist.distributed_c10d._get_default_timeout(dist.get_backend(pg))
+    except Exception:
+        t = timedelta(minutes=30)
+    return max(float(t.total_seconds()), 1.0)
+
+
+class Replicas:
+    """The members of ``group`` and the communicators an outer average runs
+    on. Collective over the group's members (each creates it, in the same
+    order relative to other such objects)."""
+
+    def __init__(self, group: Any, what: str, hierarchical: bool,
+                 timeout: Optional[float] = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                f"{what} needs torch.distributed: call torch.distributed.init_process_group "
+                "first (any backend: 'ringlet', 'gloo', ...)"
+            )
+        pg = group if group is not None else dist.group.WORLD
+        self.members = [int(r) for r in dist.get_process_group_ranks(pg)]
+        self.me = dist.get_rank()
+        if self.me not in self.members:
+            raise ValueError(f"rank {self.me} is not in the {what} group {self.members}")
+        self.what = what
+        self.hierarchical = hierarchical
+        self.timeout = float(timeout) if timeout else _group_timeout(pg)
+        self.store = dist.distributed_c10d._get_default_store()
+        base = ",".join(map(str, self.members))
+        count = int(self.store.add(f"ringlet/outer/{base}/{self.me}", 1))
+        self.key = f"ringlet/outer/{base}/{count}"
+        self.addr = runtime._local_ip(os.environ.get("MASTER_ADDR")
+                                      or _store_host(self.store) or "127.0.0.1")
+        self.epoch = 0
+        self._closers: list[Any] = []
+        self.comms: Any = None
+        self._connect()
+
+    @property
+    def size(self) -> int:
+        """The number of replicas."""
+        return len(self.members)
+
+    @property
+    def index(self) -> int:
+        """This rank's place among the replicas."""
+        return self.members.index(self.me)
+
+    def _connect(self) -> None:
+        key, members = f"{self.key}/e{self.epoch}", self.members
+        name = f"{self.what} over ranks {members}"
+        domain = runtime._new_domain()
+        flat, hosts = runtime._connect_members(self.store, f"{key}/g", members, self.me,
+                                               self.addr, self.timeout, name, domain)
+        self._closers = [flat]
+        if self.hierarchical and len(members) > 1:
+            intra, inter, n_hosts, channel = runtime._bagua_levels(
+                self.store, key, members, self.me, hosts, self.addr, self.timeout, name, domain
+            )
+            self._closers.extend(c for c in (intra, inter, channel) if c is not None)
+            self.comms = _core.Comms.hierarchical(intra, inter, n_hosts, len(members), channel)
+        else:
+            self.comms = _core.Comms.flat(flat)
+        self.flat = flat
+
+    def agree(self, topic: str, value: Any) -> None:
+        """Checks that every replica passes the same ``value`` (JSON-able)
+        for ``topic``; raises :class:`CollectiveMismatchError` naming the
+        ranks that differ, on every rank, or a timeout naming those that
+        never came."""
+        key = f"{self.key}/e{self.epoch}/agree/{topic}"
+        mine = json.dumps(value, sort_keys=True)
+        self.store.set(f"{key}/{self.me}", mine)
+        keys = [f"{key}/{r}" for r in self.members]
+        try:
+            runtime._await(self.store, keys, self.timeout, waiters=len(keys))
+        except TimeoutError:
+            missing = [r for r, k in zip(self.members, keys) if not self.store.check([k])]
+            raise CollectiveTimeoutError(
+                f"rank {self.me}: {self.what}: rank(s) {missing} did not reach the agreement on "
+                f"{topic} within {self.timeout:g}s"
+            ) from None
+        got = [v.decode() for v in runtime._get_all(self.store, keys)]
+        if len(set(got)) > 1:
+            values = [json.loads(v) for v in got]
+            if all(isinstance(v, dict) for v in values):  # name the fields that differ
+                fields = sorted({k for v in values for k in v
+                                 if any(w.get(k) != v.get(k) for w in values)})
+                got = [", ".join(f"{k}={v.get(k)!r}" for k in fields) for v in values]
+            by: dict[str, list[int]] = {}
+            for r, v in zip(self.members, got):
+                by.setdefault(v, []).append(r)
+            listing = "; ".join(f"ranks {rs}: {v}" for v, rs in by.items())
+            raise CollectiveMismatchError(
+                f"rank {self.me}: {self.what}: the replicas disagree on {topic} ({listing})"
+            )
+
+    def survivors(self, error: BaseException) -> list[int]:
+        """After ``error`` (a lost replica) on this rank: agrees with the other
+        survivors on who is left, connects them, and returns the ranks lost.
+        Raises ``error`` again where this rank is not among the survivors or
+        the store is gone too."""
+        lost_seen = set()
+        culprit = getattr(error, "culprit", None)
+        if isinstance(culprit, int) and culprit in self.members and culprit != self.me:
+            lost_seen.add(culprit)
+        key = f"{self.key}/e{self.epoch}/survivors"
+        self.store.set(f"{key}/alive/{self.me}", json.dumps(sorted(lost_seen)))
+        # Wait until every member has either said it is alive or been named
+        # lost by a survivor; the first to see that settles the list for all.
+        deadline = time.monotonic() + self.timeout
+        decided = f"{key}/decided"
+        pause = 1e-3
+        while not self.store.check([decided]):
+            alive, named = [], set()
+            for r in self.members:
+                k = f"{key}/alive/{r}"
+                if self.store.check([k]):
+                    alive.append(r)
+                    named.update(json.loads(bytes(self.store.get(k)).decode()))
+            done = all(r in alive or r in named for r in self.members)
+            if done or time.monotonic() > deadline:
+                keep = [r for r in alive if r not in named]
+                self.store.compare_set(decided, "", json.dumps(keep))
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        keep = json.loads(bytes(self.store.get(decided)).decode())
+        if self.me not in keep:
+            raise error
+        gone = [r for r in self.members if r not in keep]
+        for c in self._closers:
+            try:
+                c.close()
+            except Exception:
+                pass
+        self.members = keep
+        self.epoch += 1
+        self._connect()
+        return gone
+
+    def close(self) -> None:
+        """Closes the communicators (idempotent)."""
+        for c in self._closers:
+            c.close()
+        self._closers = []
+
+
+def lost_replica(error: BaseException) -> bool:
+    """Whether ``error`` is a replica lost (its process gone, or it gave up)."""
+    return isinstance(error, (PeerLostError, CollectiveTimeoutError)) or (
+        getattr(error, "cause", None) in ("exited", "unreachable", "left", "aborted", "timeout")
+    )

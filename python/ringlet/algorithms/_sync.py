@@ -1,0 +1,111 @@
+"""What DiLoCo and LocalSGD share: their argument checks, the flat buckets
+of a module's parameters, and an outer average that survives a lost
+replica."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ._flat import FlatBucket
+from ._replicas import Replicas, lost_replica
+
+logger = logging.getLogger("ringlet.algorithms")
+
+QUANTIZATIONS = (None, "int8", "int4")
+
+
+class ArgumentError(ValueError, AssertionError):
+    """An argument torchft refuses with ``assert`` (caught as either)."""
+
+
+def unique_params(module: nn.Module) -> list[torch.Tensor]:
+    """The module's parameters, each once (tied weights counted once)."""
+    seen: set[int] = set()
+    out = []
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def covered(optimizer: torch.optim.Optimizer) -> set[int]:
+    """The ids of the parameters an optimizer steps."""
+    return {id(p) for g in optimizer.param_groups for p in g["params"]}
+
+
+def buckets_of(params: list[torch.Tensor], backup_device: Any, what: str) -> list[FlatBucket]:
+    """One flat bucket per dtype, in the order the dtypes first appear."""
+    by: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in params:
+        by.setdefault(p.dtype, []).append(p)
+    return [FlatBucket(ps, backup_device, what) for ps in by.values()]
+
+
+class OuterAverage:
+    """The replicas, and the averages of flat buckets over them that finish
+    among the survivors when a replica is lost."""
+
+    def __init__(self, group: Any, what: str, hierarchical: bool,
+                 quantization: Optional[str], error_feedback: bool,
+                 buckets: Iterable[FlatBucket]) -> None:
+        self.what = what
+        self.quantization = quantization
+        self.error_feedback = error_feedback
+        self.replicas = Replicas(group, what, hierarchical)
+        self.buckets = list(buckets)
+        self.lost: list[int] = []
+        self._flag = torch.zeros(1, dtype=torch.int32)
+        for b in self.buckets:
+            b.connect(self.replicas.comms, quantization, error_feedback)
+
+    def broadcast(self) -> None:
+        """Every bucket's global copy from the group's first rank."""
+        for b in self.buckets:
+            if self.replicas.size > 1:
+                self.replicas.flat.broadcast(b.glob.data_ptr(), b.nbytes, b.name, 0)
+
+    def start(self, buckets: list[FlatBucket]) -> None:
+        for b in buckets:
+            b.sync.start()
+
+    def finish(self, buckets: list[FlatBucket]) -> None:
+        """Waits for the averages of ``buckets``; if a replica is lost, the
+        survivors agree on who is left, connect again and average the same
+        pseudo-gradients among themselves."""
+        while True:
+            try:
+                for b in buckets:
+                    b.sync.wait()
+                # Nobody keeps a result another survivor had to redo: a
+                # one-element all-reduce every replica reaches only after
+                # its averages succeeded (a lost replica fails it for all).
+                if self.replicas.size > 1:
+                    self.replicas.flat.all_reduce(self._flag.data_ptr(), 4, "int32", "sum")
+                return
+            except Exception as e:
+                if not lost_replica(e):
+                    raise
+                for b in buckets:
+                    try:
+                        b.sync.wait()
+                    except Exception:
+                        pass
+                gone = self.replicas.survivors(e)
+                self.lost.extend(gone)
+                logger.warning("rank %d: %s: replica(s) %s lost (%s); the sync goes on among "
+                               "ranks %s", self.replicas.me, self.what, gone, e,
+                               self.replicas.members)
+                for b in self.buckets:
+                    b.connect(self.replicas.comms, self.quantization, self.error_feedback)
+                self.start(buckets)
+
+    def close(self) -> None:
+        for b in self.buckets:
+            b.close()
+        self.replicas.close()
