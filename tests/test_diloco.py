@@ -371,3 +371,47 @@ def test_argument_checks() -> None:
         LocalSGD(net, inner, 0)
     with pytest.raises(RuntimeError, match="init_process_group"):
         DiLoCo(frags, inner, outer, 4)
+
+
+def two_level_job(rank: int, world: int, port: int) -> dict[str, Any]:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch.distributed as dist
+
+    import ringlet  # noqa: F401
+    from ringlet.algorithms import DiLoCo
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    out = {}
+    for quant, levels in (("int8", 255.0), ("int4", 15.0)):
+        net = make_net()
+        inner = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        outer = torch.optim.SGD(net.parameters(), lr=1.0)
+        with DiLoCo([net], inner, outer, 3, quantization=quant, fragment_sync_delay=1) as d:
+            start = _flat(net).clone()
+            _train(net, inner, rank, 0, 2)
+            pseudo = start - _flat(net)
+            _train(net, inner, rank, 2, 1)
+        d.close()
+        got = start - _flat(net)
+        everyone = _gather(pseudo)
+        exact = sum(everyone) / world
+        # Exact within a host; each host's mean quantized across hosts, then
+        # the mean of the hosts' means by its owner.
+        hosts = [(everyone[0] + everyone[1]) / 2, (everyone[2] + everyone[3]) / 2]
+        bound = 0.5 * max((h.max() - h.min()).item() for h in hosts) / levels
+        bound += 0.5 * (exact.max() - exact.min()).item() / levels
+        err = (got - exact).abs().max().item()
+        assert err <= bound * 1.02 + 1e-6, f"{quant}: average off by {err} > bound {bound}"
+        weights = _gather(_flat(net))
+        assert all(torch.equal(w, weights[0]) for w in weights), f"{quant}: ranks differ"
+        out[quant] = (err, bound)
+    dist.destroy_process_group()
+    return out
+
+
+def test_diloco_two_level_quantized_across_hosts_only() -> None:
+    hosts = [{"RINGLET_HOST_ID": f"host{r // 2}"} for r in range(4)]
+    out = launch(4, two_level_job, free_port(), init=False, timeout=180,
+                 per_rank_env=hosts, env={"OMP_NUM_THREADS": "1"})
+    assert set(out) == set(range(4))
+    assert 0 < out[0]["int4"][0], "the exchange across hosts was not quantized"
