@@ -53,12 +53,20 @@ def outers_for(net: Net, n: int, per_fragment: bool, lr: float = 0.7,
 
 
 def simulate(world: int, steps: int, sync_every: int, n_frag: int, delay: int, alpha: float,
-             per_fragment: bool, lr: float = 0.7, momentum: float = 0.9) -> list[Net]:
-    """Every replica under torchft's DiLoCo semantics, averaged exactly."""
+             per_fragment: bool, lr: float = 0.7, momentum: float = 0.9,
+             split: Any = None) -> list[Net]:
+    """Every replica under torchft's DiLoCo semantics, averaged exactly
+    (``split(net)``: its fragments as lists of parameters, default
+    ``fragments``)."""
     nets = [make_net() for _ in range(world)]
     inners = [torch.optim.AdamW(n.parameters(), lr=1e-2) for n in nets]
-    outers = [outers_for(n, n_frag, per_fragment, lr, momentum) for n in nets]
-    frags = [fragments(n, n_frag) for n in nets]
+    split = split or (lambda n: [list(f.parameters()) for f in fragments(n, n_frag)])
+    frags = [[_Params(ps) for ps in split(n)] for n in nets]
+    if per_fragment:
+        outers = [[torch.optim.SGD(f.parameters(), lr=lr, momentum=momentum,
+                                   nesterov=momentum > 0) for f in fr] for fr in frags]
+    else:
+        outers = [outers_for(n, n_frag, False, lr, momentum) for n in nets]
     original = [[[p.detach().clone() for p in f.parameters()] for f in fr] for fr in frags]
     s = sync_every // n_frag
     local_step, syncs = 0, 0
@@ -94,6 +102,16 @@ def simulate(world: int, steps: int, sync_every: int, n_frag: int, delay: int, a
         for r in range(world):
             inners[r].zero_grad()
     return nets
+
+
+class _Params:
+    """A fragment of the simulation: a list of parameters."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.params
 
 
 def simulate_local_sgd(world: int, steps: int, sync_every: int) -> list[Net]:
@@ -415,3 +433,45 @@ def test_diloco_two_level_quantized_across_hosts_only() -> None:
                  per_rank_env=hosts, env={"OMP_NUM_THREADS": "1"})
     assert set(out) == set(range(4))
     assert 0 < out[0]["int4"][0], "the exchange across hosts was not quantized"
+
+
+def bagua_job(rank: int, world: int, port: int) -> dict[str, Any]:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world))
+    import ringlet.compat.bagua as bagua
+    from ringlet.bagua.algorithms import Algorithm
+    from ringlet.bagua.algorithms.diloco import DiLoCoAlgorithm
+
+    bagua.init_process_group()
+    out: dict[str, Any] = {}
+    # One fragment, and two (Streaming DiLoCo: Net's a.* then b.*, by size).
+    for frags, every, delay, per in ((1, 3, 0, False), (2, 4, 1, True)):
+        net = make_net()
+        inner = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        algo = (DiLoCoAlgorithm(every, fragment_sync_delay=delay) if frags == 1 else
+                Algorithm.init("diloco", sync_every=every, fragments=2,
+                               fragment_sync_delay=delay))
+        model = net.with_bagua([inner], algo)
+        for step in range(8):
+            x, y = data(rank, step)
+            F.mse_loss(model(x), y).backward()
+            inner.step()
+            inner.zero_grad()
+        # The door cuts the parameters where a fragment's share of the
+        # elements (212 / 2) begins: a.weight (128) alone, then the rest.
+        def split(n: Net) -> list[list[torch.Tensor]]:
+            ps = list(n.parameters())
+            return [ps] if frags == 1 else [ps[:1], ps[1:]]
+
+        ref = simulate(world, 8, every, frags, delay, 0.0, per, split=split)[rank]
+        err = (_flat(net) - _flat(ref)).abs().max().item()
+        assert err < 1e-5, f"Bagua door, {frags} fragment(s): differs by {err}"
+        out[frags] = err
+    return out
+
+
+def test_diloco_through_baguas_door() -> None:
+    out = launch(2, bagua_job, free_port(), init=False, timeout=180,
+                 env={"OMP_NUM_THREADS": "1"})
+    assert set(out) == {0, 1}

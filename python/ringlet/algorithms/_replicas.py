@@ -40,25 +40,40 @@ class Replicas:
 
     def __init__(self, group: Any, what: str, hierarchical: bool,
                  timeout: Optional[float] = None) -> None:
-        if not dist.is_available() or not dist.is_initialized():
+        torch_group = dist.is_available() and dist.is_initialized() and (
+            group is None or isinstance(group, dist.ProcessGroup))
+        if torch_group:
+            pg = group if group is not None else dist.group.WORLD
+            self.members = [int(r) for r in dist.get_process_group_ranks(pg)]
+            self.me = dist.get_rank()
+            self.store = dist.distributed_c10d._get_default_store()
+            default_timeout = _group_timeout(pg)
+            addr = os.environ.get("MASTER_ADDR") or _store_host(self.store) or "127.0.0.1"
+            self.addr = runtime._local_ip(addr)
+            prefix = ""
+        elif runtime.is_initialized() and (group is None or hasattr(group, "ranks")):
+            # ringlet's own runtime (ringlet.init, Bagua's init_process_group):
+            # the world, or a Bagua process group's ranks.
+            state = runtime._require()
+            self.members = ([int(r) for r in group.ranks] if group is not None
+                            else list(range(state.world_size)))
+            self.me, self.store, self.addr = state.rank, state.store, state.addr
+            default_timeout = state.timeout
+            prefix = f"{state.prefix}/" if state.prefix else ""
+        else:
             raise RuntimeError(
-                f"{what} needs torch.distributed: call torch.distributed.init_process_group "
-                "first (any backend: 'ringlet', 'gloo', ...)"
+                f"{what} needs a process group: call torch.distributed.init_process_group "
+                "first (any backend: 'ringlet', 'gloo', ...), or ringlet.init(); got group "
+                f"{group!r}"
             )
-        pg = group if group is not None else dist.group.WORLD
-        self.members = [int(r) for r in dist.get_process_group_ranks(pg)]
-        self.me = dist.get_rank()
         if self.me not in self.members:
             raise ValueError(f"rank {self.me} is not in the {what} group {self.members}")
         self.what = what
         self.hierarchical = hierarchical
-        self.timeout = float(timeout) if timeout else _group_timeout(pg)
-        self.store = dist.distributed_c10d._get_default_store()
+        self.timeout = float(timeout) if timeout else default_timeout
         base = ",".join(map(str, self.members))
-        count = int(self.store.add(f"ringlet/outer/{base}/{self.me}", 1))
-        self.key = f"ringlet/outer/{base}/{count}"
-        self.addr = runtime._local_ip(os.environ.get("MASTER_ADDR")
-                                      or _store_host(self.store) or "127.0.0.1")
+        count = int(self.store.add(f"{prefix}ringlet/outer/{base}/{self.me}", 1))
+        self.key = f"{prefix}ringlet/outer/{base}/{count}"
         self.epoch = 0
         self._closers: list[Any] = []
         self.comms: Any = None

@@ -8,6 +8,8 @@ ringlet: pass one to ``model.with_bagua(optimizers, algorithm)`` (or
   low-precision ring variant.
 * :mod:`.q_adam`: Adam with 8-bit compressed momentum after a warm-up.
 * :mod:`.async_model_average`: weights averaged by a background thread.
+* :mod:`.diloco`: DiLoCo / Streaming DiLoCo (ringlet's addition), through
+  :class:`ringlet.algorithms.DiLoCo`.
 * :mod:`.base`: :class:`Algorithm` and :class:`AlgorithmImpl`, to write new
   ones; :data:`GlobalAlgorithmRegistry` maps names to algorithms
   (:meth:`Algorithm.init`).
@@ -17,7 +19,7 @@ Example:
   >>> model.with_ringlet([opt], Algorithm.init("bytegrad", hierarchical=False))
 """
 
-from . import async_model_average, bytegrad, decentralized, gradient_allreduce, q_adam
+from . import async_model_average, bytegrad, decentralized, diloco, gradient_allreduce, q_adam
 from .base import Algorithm, AlgorithmImpl, GlobalAlgorithmRegistry
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "async_model_average",
     "bytegrad",
     "decentralized",
+    "diloco",
     "gradient_allreduce",
     "q_adam",
 ]
@@ -50,4 +53,7 @@ GlobalAlgorithmRegistry.register("qadam", q_adam.QAdamAlgorithm, description="QA
 GlobalAlgorithmRegistry.register(
     "async", async_model_average.AsyncModelAverageAlgorithm,
     description="Asynchronous Model Average Algorithm",
+)
+GlobalAlgorithmRegistry.register(
+    "diloco", diloco.DiLoCoAlgorithm, description="DiLoCo Algorithm (ringlet)"
 )
