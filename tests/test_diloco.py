@@ -460,7 +460,7 @@ def bagua_job(rank: int, world: int, port: int) -> dict[str, Any]:
             inner.zero_grad()
         # The door cuts the parameters where a fragment's share of the
         # elements (212 / 2) begins: a.weight (128) alone, then the rest.
-        def split(n: Net) -> list[list[torch.Tensor]]:
+        def split(n: Net, frags: int = frags) -> list[list[torch.Tensor]]:
             ps = list(n.parameters())
             return [ps] if frags == 1 else [ps[:1], ps[1:]]
 
