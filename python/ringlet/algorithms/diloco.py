@@ -36,6 +36,13 @@ class _Fragment:
         for b in self.buckets:
             b.save()
 
+    @property
+    def original_parameters(self) -> dict[str, torch.Tensor]:
+        """The global copy of each parameter, by name (torchft's attribute;
+        views of the flat copy)."""
+        return {self.name_of[id(p)]: b.view(b.glob, i)
+                for b in self.buckets for i, p in enumerate(b.params)}
+
 
 class DiLoCo:
     """DiLoCo (Douillard et al., 2023) and Streaming DiLoCo (2025): each
@@ -75,6 +82,9 @@ class DiLoCo:
         backend). Default: the default group.
       backup_device (torch.device, optional): Where the global copy lives:
         None or ``"cpu"``.
+      pin_memory, use_bucketization, bucket_cap_mb: torchft's; accepted and
+        without effect (ringlet always averages one flat buffer per fragment
+        and dtype, in host memory).
       should_quantize (bool): Average 8-bit values (torchft's switch; same
         as ``quantization="int8"``). Default: False.
       fragment_sync_delay (int): Inner steps between the start of a
@@ -110,6 +120,9 @@ class DiLoCo:
         *,
         group: Any = None,
         backup_device: Optional[torch.device] = None,
+        pin_memory: bool = True,
+        use_bucketization: bool = False,
+        bucket_cap_mb: Optional[int] = None,
         should_quantize: bool = False,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
@@ -296,10 +309,7 @@ class DiLoCo:
             if f.pending and not f.ready:
                 self._outer.finish(f.buckets)
                 f.ready = True
-            original = {}
-            for b in f.buckets:
-                for i, p in enumerate(b.params):
-                    original[f.name_of[id(p)]] = b.view(b.glob, i).clone()
+            original = {k: v.clone() for k, v in f.original_parameters.items()}
             entry: dict[str, Any] = {
                 "original_parameters": original,
                 "outer_optimizer": f.outer.state_dict(),
