@@ -83,12 +83,7 @@ def _teardown() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    ringlet.shutdown()
-    # Bagua's default group, as a new process would find it (ringlet.shutdown
-    # leaves it set: bagua.init_process_group would raise "twice").
-    bagua = sys.modules.get("ringlet.bagua.communication")
-    if bagua is not None:
-        bagua._shutdown()
+    ringlet.shutdown()  # Bagua's groups too (the hook its door registers)
 
 
 def main() -> None:

@@ -1094,7 +1094,3 @@ def _validate_groups(groups: Any, world: int, rank: int) -> tuple[tuple[int, ...
     if missing:
         raise ValueError(f"rank {rank}: ranks {missing} are in no replica group of {groups!r}")
     return tuple(tuple(g) for g in groups)
-
-
-def _group_size(groups: Optional[list[list[int]]]) -> int:
-    return _group(groups).size

@@ -73,11 +73,6 @@ def _new_id() -> tuple[int, int]:
     return (_agent._require().me.id, next(_ids))
 
 
-def _lookup(rid: tuple[int, int]) -> Optional[_Entry]:
-    with _lock:
-        return _owners.get(rid) or _local_entries.get(rid)
-
-
 def _get_or_create(rid: tuple[int, int]) -> _Entry:
     with _lock:
         e = _owners.get(rid) or _local_entries.get(rid)
