@@ -61,7 +61,7 @@ fewer that is than unquantized DiLoCo (``diloco-fp32`` when run, else
 
 Options: ``--rate`` (default 20mbit; ``none``: raw veth), ``--layout``
 (2,2), ``--modes`` (comma list), ``--steps``, ``--target-steps``,
-``--target``, ``--eval-every``, ``--eval-batches`` (16), ``--batch`` (8),
+``--target``, ``--eval-every``, ``--eval-batches`` (64), ``--batch`` (8),
 ``--ctx``, ``--d-model``, ``--layers``, ``--heads``, ``--lr`` (2e-3),
 ``--outer-lr``, ``--sync-every``, ``--fragments``, ``--delay``,
 ``--corpus-mb`` (4), ``--seed``, ``--timeout`` (seconds for the whole run),
@@ -104,7 +104,7 @@ DDP_MODES = ("ddp-gloo", "ddp-ringlet", "bytegrad")
 """Modes that talk every step: they run ``--target-steps`` steps."""
 
 DEFAULTS: dict[str, Any] = {
-    "steps": 120, "target_steps": 60, "target": None, "eval_every": 5, "eval_batches": 16,
+    "steps": 120, "target_steps": 60, "target": None, "eval_every": 5, "eval_batches": 64,
     "batch": 8, "ctx": 128, "d_model": 192, "layers": 4, "heads": 6, "lr": 2e-3,
     "outer_lr": 0.7, "sync_every": 20, "fragments": 4, "delay": 2, "corpus_mb": 4.0,
     "seed": 0,
@@ -366,7 +366,7 @@ class Mode:
         if self.hand is not None:
             self.hand.after_step()
         self.opt.zero_grad(set_to_none=True)
-        return float(loss)
+        return float(loss.detach())
 
     def bytes_sent(self) -> Optional[int]:
         """Bytes this rank's algorithm says it sent (None when it does not say)."""
@@ -514,6 +514,9 @@ def run_mode(mode: str, cfg: dict[str, Any], batches: Batches, gloo: Any) -> dic
                 elapsed += time.perf_counter() - t
                 snap = {k: v.detach().clone() for k, v in m.model.state_dict().items()}
                 snaps.append((step, elapsed, snap, train_sum / train_n))
+                if step % (6 * cfg["eval_every"]) == 0:
+                    print(f"{PROGRESS} {mode}: step {step}/{steps}, {elapsed:.1f} s, train "
+                          f"loss {train_sum / train_n:.3f}", flush=True)
                 train_sum, train_n = 0.0, 0
                 t = time.perf_counter()
         if rank != 0:
@@ -870,6 +873,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.sync_every % args.fragments:
         raise SystemExit(f"{PROGRESS} --sync-every {args.sync_every} must be divisible by "
                          f"--fragments {args.fragments}")
+    if not 0 <= args.delay < args.sync_every // args.fragments:
+        raise SystemExit(f"{PROGRESS} --delay {args.delay} must be in [0, --sync-every // "
+                         f"--fragments = {args.sync_every // args.fragments})")
     if args.d_model % args.heads:
         raise SystemExit(f"{PROGRESS} --d-model {args.d_model} must be divisible by "
                          f"--heads {args.heads}")
