@@ -21,6 +21,8 @@ in the same processes, alternating, and prints Markdown tables of medians:
 * ``algorithms``: what each of Bagua's algorithms buys across such hosts:
   training steps and time to accuracy against torch DDP on gloo and
   ringlet, fp16 and PowerSGD hooks (needs root);
+* ``replicas``: what a replica lost in the middle of a DiLoCo sync costs the
+  survivors (they finish the sync among themselves and go on);
 * ``scale``: start-up, a new group, sockets, store operations and small
   all_reduces as the rank count grows, each rank its own logical host, vs gloo.
 
@@ -35,4 +37,4 @@ Example:
 """
 
 WHAT = ("collectives", "fronts", "c10d", "ddp", "optimizer", "checkpoint", "rpc", "dtypes", "cuda",
-        "hosts", "model", "algorithms", "scale")
+        "hosts", "model", "algorithms", "scale", "replicas")
