@@ -223,3 +223,53 @@ def test_rust_core_modules_have_no_cycle() -> None:
     assert "transport" not in g["fault"] and "fault" in g["transport"]  # the graph is real
     assert "hierarchy" not in g["group"] and "flat" in g["hierarchy"]
     assert rmg.cycles(g) == []
+
+
+# The package's programs: they sit above every door (nothing imports them) and
+# their workers import the door a run chose, in the process that runs it.
+_PROGRAMS = ("ringlet.bench",)
+
+
+def _function_level_package_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, statement)`` of every absolute import of the package
+    (``import ringlet``, ``import ringlet.x``, ``from ringlet[.x] import ...``)
+    inside a function's body."""
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(n == "ringlet" or n.startswith("ringlet.") for n in names):
+                found.append((node.lineno, ast.unparse(node)))
+    return sorted(set(found))
+
+
+def test_function_level_package_imports_are_caught() -> None:
+    src = (
+        "import ringlet\n"
+        "def f():\n    import ringlet\n"
+        "def g():\n    from ringlet.xla import mesh\n"
+        "class C:\n    def h(self):\n        import ringlet.runtime as r\n"
+        "def ok():\n    from . import runtime\n    import ringletx\n"
+    )
+    got = [line for line, _ in _function_level_package_imports(ast.parse(src))]
+    assert got == [3, 5, 8]
+
+
+def test_no_function_level_import_of_the_package_below_the_top() -> None:
+    """A module inside the package imports what it needs at module level (or
+    relatively), never ``ringlet`` from inside a function: a lower layer that
+    reaches the package's top at call time hides an upward dependency."""
+    bad = []
+    for name, path in sorted(_modules().items()):
+        if path.suffix == ".pyi" or name == "ringlet" or name.startswith(_PROGRAMS):
+            continue
+        for line, stmt in _function_level_package_imports(ast.parse(path.read_text())):
+            bad.append(f"{path.relative_to(ROOT.parent)}:{line}: {stmt}")
+    assert not bad, "function-level imports of the package:\n" + "\n".join(bad)

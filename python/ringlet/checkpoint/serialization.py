@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from .. import runtime
+from ..xla.xla_model import rendezvous
 from . import _encoding as enc
 from . import _geometry as geo
 from ._storage import (
@@ -103,20 +105,17 @@ class _Comm:
     """Rank, world size and an all-gather of bytes; one process without ringlet initialised."""
 
     def __init__(self) -> None:
-        import ringlet  # lazy: the engine is optional for single-process use
-
-        is_initialized = getattr(ringlet, "is_initialized", None)
-        self._ringlet = ringlet if is_initialized is not None and is_initialized() else None
-        if self._ringlet is None:
+        self._engine = runtime.is_initialized()
+        if not self._engine:
             self.rank, self.world_size = 0, 1
         else:
-            self.rank, self.world_size = int(ringlet.get_ordinal()), int(ringlet.world_size())
+            self.rank, self.world_size = int(runtime.get_ordinal()), int(runtime.world_size())
 
     def allgather(self, name: str, payload: bytes) -> list[bytes]:
-        if self._ringlet is None:
+        if not self._engine:
             return [payload]
         tag = f"ringlet.checkpoint.{name}.{next(_CALL_COUNTER)}"
-        return [bytes(p) for p in self._ringlet.rendezvous(tag, payload)]
+        return [bytes(p) for p in rendezvous(tag, payload)]
 
     def allgather_status(
         self, name: str, error: BaseException | None, extra: Any = None
