@@ -291,6 +291,39 @@ def diloco_job(rank: int, world: int, port: int) -> dict[str, Any]:
     assert torch.equal(whole, resumed), \
         f"resume: differs by {(whole - resumed).abs().max().item()}"
 
+    # After a restart, a replica without a checkpoint (a new host) takes the
+    # global copy, outer optimizer state and schedule of the first replica
+    # that resumed, before its first inner step.
+    net = make_net()
+    inner = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    d = DiLoCo([net], inner, outers_for(net, 1, False), 4, fragment_sync_delay=1)
+    with d:
+        _train(net, inner, rank, 0, 7)  # one sync, the next average in flight
+        saved = torch.load(_roundtrip({"model": net.state_dict(), "inner": inner.state_dict(),
+                                       "diloco": d.state_dict()}, rank), weights_only=False)
+    d.close()
+    net = make_net(seed=7)
+    inner = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    outer = outers_for(net, 1, False)
+    d = DiLoCo([net], inner, outer, 4, fragment_sync_delay=1)
+    if rank != 3:
+        net.load_state_dict(saved["model"])
+        inner.load_state_dict(saved["inner"])
+        d.load_state_dict(saved["diloco"])
+    glob = d._fragments[0].buckets[0].glob
+    with d:
+        d._step_pre_hook(inner, (), {})  # what the first inner step runs first
+        if rank == 3:
+            assert torch.equal(_flat(net), glob), "the joiner does not start from the global copy"
+        states = _gather(torch.cat([glob, *(s["momentum_buffer"].reshape(-1)
+                                            for s in outer.state_dict()["state"].values())]))
+        assert all(torch.equal(s, states[0]) for s in states), "joiner's state differs"
+        assert d._syncs == 1 and d._local_step == 3, (d._syncs, d._local_step)
+        _train(net, inner, rank, 7, 5)  # the pending sync, then another
+    weights = _gather(d._fragments[0].buckets[0].glob.clone())
+    assert all(torch.equal(w, weights[0]) for w in weights), "global copies differ"
+    d.close()
+
     # Mismatched arguments across ranks: an error naming the ranks, on every rank.
     net = make_net()
     inner = torch.optim.AdamW(net.parameters(), lr=1e-2)

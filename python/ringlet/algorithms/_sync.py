@@ -64,11 +64,34 @@ class OuterAverage:
         for b in self.buckets:
             b.connect(self.replicas.comms, quantization, error_feedback)
 
-    def broadcast(self) -> None:
-        """Every bucket's global copy from the group's first rank."""
+    def broadcast(self, root: int = 0, avg: bool = False) -> None:
+        """Every bucket's global copy (and, with ``avg``, its average) from
+        replica ``root`` (an index among the replicas)."""
+        if self.replicas.size == 1:
+            return
         for b in self.buckets:
-            if self.replicas.size > 1:
-                self.replicas.flat.broadcast(b.glob.data_ptr(), b.nbytes, b.name, 0)
+            self.replicas.flat.broadcast(b.glob.data_ptr(), b.nbytes, b.name, root)
+            if avg:
+                self.replicas.flat.broadcast(b.avg.data_ptr(), b.nbytes, b.name, root)
+
+    def broadcast_object(self, obj: Any, root: int) -> Any:
+        """``obj`` of replica ``root`` (an index), on every replica (pickled
+        by ``torch.save``, sent by the engine)."""
+        import io
+
+        flat = self.replicas.flat
+        if self.replicas.index == root:
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+            size = torch.tensor([data.numel()], dtype=torch.int64)
+        else:
+            size = torch.zeros(1, dtype=torch.int64)
+        flat.broadcast(size.data_ptr(), 8, "int64", root)
+        if self.replicas.index != root:
+            data = torch.empty(int(size.item()), dtype=torch.uint8)
+        flat.broadcast(data.data_ptr(), data.numel(), "uint8", root)
+        return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
 
     def start(self, buckets: list[FlatBucket]) -> None:
         for b in buckets:

@@ -173,6 +173,8 @@ class DiLoCo:
         self.quantization = quantization
         self._local_step = 0
         self._syncs = 0
+        self._loaded = False  # load_state_dict ran (this replica has a state to share)
+        self._healed = False  # the first step's state sharing ran
         self._hooks: list[RemovableHandle] = []
         self._outer = OuterAverage(group, what, hierarchical, quantization, error_feedback,
                                    [b for f in self._fragments for b in f.buckets])
@@ -220,8 +222,47 @@ class DiLoCo:
                                      f"not step its parameter {name!r}")
 
     def __enter__(self) -> DiLoCo:
+        self._hooks.append(self._local_optimizer.register_step_pre_hook(self._step_pre_hook))
         self._hooks.append(self._local_optimizer.register_step_post_hook(self._step_post_hook))
         return self
+
+    def _step_pre_hook(self, _optim: optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        if not self._healed:
+            self._heal()
+
+    @torch.no_grad()
+    def _heal(self) -> None:
+        """Before the first inner step: where some replicas resumed from a
+        checkpoint (``load_state_dict``) and others did not (replicas that
+        joined), the joiners receive the first resumed replica's global
+        copies, outer optimizer states and schedule, and start their inner
+        steps from the global copy. Collective (once per replica)."""
+        self._healed = True
+        reps = self._outer.replicas
+        if reps.size == 1:
+            return
+        flags = torch.zeros(reps.size, dtype=torch.int32)
+        flags[reps.index] = int(self._loaded)
+        reps.flat.all_reduce(flags.data_ptr(), flags.numel() * 4, "int32", "sum")
+        have = [i for i, f in enumerate(flags.tolist()) if f]
+        if not have or len(have) == reps.size:
+            return
+        src = have[0]
+        state = self._outer.broadcast_object(
+            {"local_step": self._local_step, "syncs": self._syncs,
+             "outer": [f.outer.state_dict() for f in self._fragments],
+             "pending": [f.pending for f in self._fragments]}, src)
+        self._outer.broadcast(src, avg=True)
+        if self._loaded:
+            return
+        logger.info("DiLoCo: rank %d joins from rank %d's state (%d syncs so far)", reps.me,
+                    reps.members[src], state["syncs"])
+        self._local_step, self._syncs = state["local_step"], state["syncs"]
+        for f, outer_state, pending in zip(self._fragments, state["outer"], state["pending"]):
+            f.outer.load_state_dict(outer_state)
+            f.pending = f.ready = pending
+            for b in f.buckets:
+                b.restore()
 
     def __exit__(self, exc_type: Optional[type[BaseException]],
                  exc_value: Optional[BaseException],
@@ -349,6 +390,7 @@ class DiLoCo:
                     b.avg.copy_(t)
         self._local_step = int(state["local_step"])
         self._syncs = int(state["syncs"])
+        self._loaded = True
 
     def close(self) -> None:
         """Waits for any average in flight and closes the communicators."""
