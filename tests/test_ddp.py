@@ -133,6 +133,7 @@ def cuda_ddp_ranks(rank: int, world: int) -> list[list[float]]:
     return [p.flatten()[:3].tolist() for p in got]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is unavailable")
 def test_cuda_model_trains_as_the_cpu_reference() -> None:
     """CUDA only: gradients staged through host memory after the CUDA events."""

@@ -586,6 +586,7 @@ def cuda_ranks(rank: int, world: int) -> list[float]:
     return p.grad[:2].tolist()
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_cuda_event_sync_and_host_staging() -> None:
     """CUDA only: events recorded on the producing stream, staging via host."""
