@@ -48,6 +48,22 @@ def test_killed_replica_heals_and_training_equals_gloo(mode: str) -> None:
         assert mine[k] == gloo[k], f"{k}: ringlet's training differs from gloo's"
 
 
+def test_torchfts_own_diloco_on_ringlet_equals_gloo() -> None:
+    """torchft's ``DiLoCo`` (Streaming: two fragments, a delay) under its
+    Manager keeps working on ringlet's process group: each replica ends
+    with the weights it has on torchft's gloo group, bit for bit (the
+    replicas differ from each other: the fragment not synced last keeps its
+    local weights)."""
+    pytest.importorskip("torchft", reason="optional: pip install 'ringlet[torchft]'")
+    runs = {b: torchft_job.run(b, 4, -1, mode="diloco", timeout=240)
+            for b in ("gloo", "ringlet")}
+    for backend, r in runs.items():
+        assert r["results"][0]["step"] == r["results"][1]["step"] == 4, backend
+    for replica in (0, 1):
+        mine = runs["ringlet"]["results"][replica]["state"]
+        assert mine == runs["gloo"]["results"][replica]["state"], f"replica {replica} differs"
+
+
 def test_import_without_torchft_names_the_package() -> None:
     code = ("import sys; sys.modules['torchft'] = sys.modules['torchft.process_group'] = None\n"
             "try:\n    import ringlet.torchft\nexcept ImportError as e:\n    print(e)\n")

@@ -36,6 +36,8 @@ def replica_main(replica: int, backend: str, lighthouse: str, steps: int, die_at
     ``die_at`` the process kills itself (SIGKILL) before the step starts,
     as torchft's own recovery tests fail a replica between steps (its DDP
     comm hook cannot return a failed allreduce: it asserts).
+    ``mode="diloco"``: torchft's own ``DiLoCo`` (two fragments, a delay of
+    one step), nobody killed.
     ``mode="allreduce"``: each gradient goes through ``manager.allreduce``
     (torchft's fault-tolerant collective, whose error reaches
     ``should_commit``); at step ``die_at`` the process kills itself after
@@ -73,9 +75,28 @@ def replica_main(replica: int, backend: str, lighthouse: str, steps: int, die_at
         world_size=1, lighthouse_addr=lighthouse, use_async_quorum=async_quorum,
         timeout=timeout, quorum_timeout=timedelta(seconds=120), hostname=STORE_HOST,
     )
+    times: list[tuple[int, float, bool]] = []
+    if mode == "diloco":
+        # torchft's own DiLoCo on the replica group's process group: two
+        # fragments, the second's average started a step early.
+        from torchft.local_sgd import DiLoCo
+
+        frags = [net[0], net[2:]]
+        outers = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+                  for f in frags]
+        inner_step = 0
+        with DiLoCo(manager, frags, adam, outers, sync_every=4, fragment_sync_delay=1):
+            while manager.current_step() < steps:
+                g = torch.Generator().manual_seed(1000 * inner_step + replica)
+                x = torch.randn(batch, width, generator=g)
+                y = torch.randint(0, 4, (batch,), generator=g)
+                F.cross_entropy(net(x), y).backward()
+                adam.step()
+                adam.zero_grad()
+                inner_step += 1
+        times.append((inner_step, 0.0, True))
     model = DistributedDataParallel(manager, net) if mode == "ddp" else net
     opt = OptimizerWrapper(manager, adam)
-    times: list[tuple[int, float, bool]] = []
     while manager.current_step() < steps:
         if mode == "ddp" and manager.current_step() == die_at:
             os.kill(os.getpid(), signal.SIGKILL)  # between steps
