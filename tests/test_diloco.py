@@ -456,6 +456,35 @@ def two_level_job(rank: int, world: int, port: int) -> dict[str, Any]:
         weights = _gather(_flat(net))
         assert all(torch.equal(w, weights[0]) for w in weights), f"{quant}: ranks differ"
         out[quant] = (err, bound)
+
+    # DiLoCo's state through torch.distributed.checkpoint (every replica holds
+    # the same global copies and outer state: DCP writes them once).
+    import torch.distributed.checkpoint as dcp
+
+    net = make_net()
+    inner = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    outer = outers_for(net, 1, False)
+    with DiLoCo([net], inner, outer, 4, fragment_sync_delay=2) as d:
+        _train(net, inner, rank, 0, 6)  # a sync done, the next average in flight
+        state = d.state_dict()
+        path = f"/tmp/ringlet-test-dcp-{port}"
+        dcp.save({"diloco": state}, checkpoint_id=path)
+        back = {"diloco": d.state_dict()}
+        for f in back["diloco"]["fragments"]:
+            for t in f["original_parameters"].values():
+                t.zero_()
+        dcp.load(back, checkpoint_id=path)
+        for a, b in zip(state["fragments"], back["diloco"]["fragments"]):
+            for k in a["original_parameters"]:
+                assert torch.equal(a["original_parameters"][k], b["original_parameters"][k]), k
+        d.load_state_dict(back["diloco"])
+        _train(net, inner, rank, 6, 2)
+    d.close()
+    dist.barrier()
+    if rank == 0:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
     dist.destroy_process_group()
     return out
 
