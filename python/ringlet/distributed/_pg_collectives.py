@@ -1,0 +1,732 @@
+"""The collectives of ringlet's ``torch.distributed`` process group: all-reduce,
+broadcast, reduce, the all-gathers, the reduce-scatters, gather, scatter, the
+all-to-alls and the barrier, as a mixin that
+:class:`ringlet.distributed.process_group.ProcessGroupRinglet` inherits (it
+gives them ``_world``, ``_submit``, ``_tensor`` and the group's state).
+
+Each method checks its arguments on the calling thread, then queues one job
+(``_submit``) that runs the engine calls; a synchronous call of one plain
+tensor on a connected group runs the engine call at once on the calling
+thread when the group's queue is idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ReduceOp
+
+from .. import errors
+from .._engine import (
+    _DTYPE_NAMES,
+    _STRIDED,
+    _check,
+    _disjoint,
+    _engine_all_gather,
+    _engine_all_reduce,
+    _engine_broadcast,
+    _engine_reduce_scatter,
+    _exchange,
+    _overlaps,
+    _plain,
+    _reduce_inplace,
+)
+from ._pg_args import _OPS, _RED, _as_list, _is_async, _opts, _reduce_name, _split_into, _write_back
+from .work import _DONE, Work, _DistErrors, _torch_errors, runtime_rank
+
+# Reduce ops the engine runs as they are (AVG and PREMUL_SUM need a step more).
+_SIMPLE = {k: v for k, v in _OPS.items() if k not in (_RED.AVG, _RED.PREMUL_SUM)}
+# A list's tensors folded into one before the engine reduces across ranks.
+_FOLDS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add, "mul": torch.mul, "min": torch.minimum, "max": torch.maximum,
+    "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
+}
+_SUM = _RED.SUM  # compared first: pybind enum hashing costs more than one ==
+_ANY_DTYPE = ("sum", "mul", "min", "max")  # the others need integer or bool tensors
+_AllreduceOptions = dist.AllreduceOptions
+
+
+@contextlib.contextmanager
+def _sizes_of(op: str, rule: str) -> Iterator[None]:
+    """Names the user's collective in a size mismatch found by the engine
+    call that implements it (an all-to-all, or a count exchange)."""
+    try:
+        yield
+    except errors.CollectiveMismatchError as e:
+        where, _, detail = str(e).partition(": ")
+        if not (where.startswith("rank ") and detail):
+            where, detail = f"rank {runtime_rank()}", str(e)
+        new = type(e)(f"{where}: {op}: the ranks' tensor sizes do not fit together "
+                      f"({rule}); the engine found: {detail}")
+        new.__dict__.update(e.__dict__)
+        raise new from None
+
+
+def _gather_ragged(comm: Any, size: int, inp: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Every rank's ``inp`` (rank r's holding ``counts[r]`` elements),
+    concatenated flat in rank order: one all-to-all sending ``inp`` to all."""
+    flat = torch.empty(sum(counts), dtype=inp.dtype)
+    _exchange(comm, inp.reshape(-1).repeat(size), [inp.numel()] * size, flat, counts)
+    return flat
+
+
+class _Collectives:
+    """The collectives of :class:`ProcessGroupRinglet` (a mixin: the group
+    supplies its state and the methods ``_world``, ``_submit``, ``_sync_comm``,
+    ``_run_now``, ``_tensor``, ``_root``, ``_dense`` and ``_where``)."""
+
+    # -- argument checks -----------------------------------------------------
+
+    def _real_op(self, op: Any, tensors: Any, what: str) -> None:
+        """Refuses complex tensors for the reduce ops that do not act on a
+        complex number's real and imaginary parts alone (all but SUM, AVG and
+        PREMUL_SUM), as torch and gloo do, instead of reducing the parts."""
+        kind = getattr(op, "op", op)
+        if kind in (_RED.SUM, _RED.AVG, _RED.PREMUL_SUM):
+            return
+        stack = [tensors]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, (list, tuple)):
+                stack.extend(t)
+            elif isinstance(t, torch.Tensor) and t.is_complex():
+                raise ValueError(
+                    f"{self._where()}: {what} does not support {kind.name} on complex tensors"
+                )
+
+
+    def _reduce_args(self, op: Any, ts: list[torch.Tensor], what: str) -> tuple[str, Callable]:
+        """The engine reduce type for a torch ReduceOp, and what to do to each
+        input before (PREMUL_SUM) and after (AVG) the sum."""
+        name = _reduce_name(op, what)
+        kind = getattr(op, "op", op)
+        for t in ts:
+            if name in ("and", "or", "xor") and t.is_floating_point():
+                raise ValueError(
+                    f"{self._where()}: {what}: reduce op {kind.name} needs integer or bool "
+                    f"tensors, got {t.dtype}"
+                )
+            if kind in (_RED.AVG, _RED.PREMUL_SUM) and t.dtype == torch.bool:
+                raise ValueError(f"{self._where()}: {what}: {kind.name} on a bool tensor")
+        size = self._size
+
+        def post(t: torch.Tensor) -> None:
+            if kind == _RED.AVG:
+                if t.is_floating_point():
+                    t.div_(size)
+                else:
+                    t.copy_(torch.div(t, size, rounding_mode="trunc"))
+
+        if kind == _RED.PREMUL_SUM:
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise ValueError(f"{self._where()}: {what}: PREMUL_SUM without a factor")
+            for t in ts:
+                t.mul_(factor)
+        return name, post
+
+    # -- collectives ---------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        # The blocking all_reduce of one plain tensor on a connected one-level
+        # group (what dist.all_reduce does most), before any wrapper: the
+        # engine call on this thread when the queue is idle. Else _allreduce.
+        # Written out (no helper calls): each saves about 0.1 us of a 4 us call.
+        comm = self._comm
+        if (comm is not None and type(opts) is _AllreduceOptions and type(tensors) is list
+                and len(tensors) == 1 and not opts.asyncOp):
+            t = tensors[0]
+            name = _DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
+            if name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous():
+                op = opts.reduceOp
+                red = "sum" if op == _SUM else _SIMPLE.get(op.op)
+                if red is not None and (red in _ANY_DTYPE or not t.is_floating_point()):
+                    try:
+                        if self._queue.all_reduce_now(comm, t.data_ptr(), t.nbytes, name, red):
+                            return _DONE
+                    except BaseException as e:
+                        raise _DistErrors.convert(e) from None
+        return self._allreduce(tensors, opts, together=True)
+
+    @_torch_errors
+    def _allreduce(
+        self, tensors: list[torch.Tensor], opts: Any = None, together: bool = False
+    ) -> Work:
+        """All-reduces each of ``tensors`` (``allreduce_coalesced``), or, with
+        ``together``, all of them as one (``allreduce`` of several tensors,
+        torch's multi-device form, as gloo: every tensor of every rank
+        reduced, the result written into each)."""
+        if type(opts) is not dist.AllreduceOptions:  # another of torch's call forms
+            tensors, opts = _as_list(tensors), _opts(dist.AllreduceOptions, opts)
+        op = opts.reduceOp
+        if len(tensors) == 1:  # the common case, with the fewest steps
+            t = tensors[0]
+            name = _DTYPE_NAMES.get(t.dtype)
+            red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
+            if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
+                    and t.layout == torch.strided
+                    and (red in _ANY_DTYPE or not t.is_floating_point())):
+                # One engine call (in two levels on a group spanning hosts).
+                return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),
+                                    [t], wake=_is_async(opts))
+        if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, op, opts)
+        self._real_op(op, tensors, "all_reduce")
+        ts = [self._tensor(t, f"all_reduce tensors[{i}]") for i, t in enumerate(tensors)]
+        if together and len(ts) != 1:
+            return self._allreduce_together(tensors, ts, op, opts)
+
+        def run() -> None:
+            dense, back = self._dense(ts)
+            name, post = self._reduce_args(op, dense, "all_reduce")
+            _reduce_inplace(self._world(), dense, name, 1.0)
+            for t in dense:
+                post(t)
+            back()
+
+        return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Work:
+        """The sum of sparse COO tensors, written into each (as gloo): every
+        rank's indices and values are gathered and coalesced."""
+        if getattr(op, "op", op) != _RED.SUM:
+            raise ValueError(
+                f"{self._where()}: all_reduce of a sparse tensor supports ReduceOp.SUM only"
+            )
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor) or t.layout != torch.sparse_coo or not t.is_cpu:
+                raise ValueError(
+                    f"{self._where()}: all_reduce tensors[{i}]: a sparse all_reduce takes "
+                    "sparse COO CPU tensors only"
+                )
+
+        def gather_rows(rows: torch.Tensor, counts: list[int], comm: Any) -> torch.Tensor:
+            # every rank's rows (dim 0), ragged, concatenated in rank order
+            rows = rows.contiguous()
+            if rows.is_complex():
+                rows = torch.view_as_real(rows)
+            per = math.prod(rows.shape[1:])
+            flat = _gather_ragged(comm, self._size, rows, [c * per for c in counts])
+            return flat.view(sum(counts), *rows.shape[1:])
+
+        def run() -> None:
+            comm = self._world()
+            for t in tensors:
+                x = t.coalesce()
+                nnz = torch.tensor([x._nnz()], dtype=torch.int64)
+                counts = torch.empty(self._size, dtype=torch.int64)
+                _engine_all_gather(comm, nnz, counts, "int64")
+                n = counts.tolist()
+                idx = gather_rows(x.indices().t(), n, comm).t()
+                val = gather_rows(x.values(), n, comm)
+                if x.values().is_complex():
+                    val = torch.view_as_complex(val)
+                # invariants named (gloo's result warns of nothing): the
+                # indices come from coalesced tensors, in bounds
+                t.copy_(torch.sparse_coo_tensor(idx, val, t.shape, check_invariants=False)
+                        .coalesce())
+
+        return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    def _allreduce_together(
+        self, tensors: list[torch.Tensor], ts: list[torch.Tensor], op: Any, opts: Any
+    ) -> Work:
+        """One reduction over all of ``ts`` on every rank (``tensors`` as the
+        caller gave them; ``ts`` as the engine takes them), written into each:
+        the list is folded here, the fold all-reduced, and AVG divides by
+        every tensor taking part (ranks x list length)."""
+        self._same_tensors(ts, "all_reduce")
+        name, _ = self._reduce_args(op, [ts[0].new_empty(0)], "all_reduce")  # checks only
+        fold = _FOLDS[name]
+        count = len(ts)
+
+        def run() -> None:
+            acc = ts[0].clone(memory_format=torch.contiguous_format)
+            for t in ts[1:]:
+                acc.copy_(fold(acc, t))
+            _, post = self._reduce_args(op, [acc], "all_reduce")  # PREMUL_SUM scales the fold
+            _reduce_inplace(self._world(), [acc], name, 1.0)
+            post(acc)
+            if getattr(op, "op", op) == _RED.AVG:
+                if acc.is_floating_point():
+                    acc.div_(count)
+                else:
+                    acc.copy_(torch.div(acc, count, rounding_mode="trunc"))
+            for t in ts:
+                _write_back(t, acc)
+
+        return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    def _same_tensors(self, ts: list[torch.Tensor], what: str) -> None:
+        """Checks that the tensors of a multi-device call (one list entry per
+        device in torch's form) agree in dtype and shape, as gloo requires."""
+        if not ts:
+            raise ValueError(f"{self._where()}: {what} needs at least one tensor")
+        first = ts[0]
+        for i, t in enumerate(ts[1:], 1):
+            for part, want, got in (("type", first.dtype, t.dtype),
+                                    ("size", tuple(first.shape), tuple(t.shape))):
+                if want != got:
+                    raise ValueError(
+                        f"{self._where()}: {what}: invalid tensor {part} at index {i} (expected "
+                        f"{want} as tensor 0, got {got}): the tensors of one call act as one"
+                    )
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        return self._allreduce(tensors, opts)
+
+    @_torch_errors
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        if type(opts) is not dist.BroadcastOptions:  # another of torch's call forms
+            tensors, opts = _as_list(tensors), _opts(dist.BroadcastOptions, opts)
+        root = self._root(opts.rootRank, "broadcast")
+        if len(tensors) == 1:
+            t = tensors[0]
+            name = _plain(t)
+            comm = self._sync_comm(opts, t.nbytes) if name is not None else None
+            if comm is not None and self._run_now(
+                    comm.broadcast, t.data_ptr(), t.nbytes, name, root):
+                return _DONE
+        ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
+        # Several tensors are torch's multi-device form (as gloo): the root's
+        # tensor rootTensor goes into every tensor of every rank.
+        if len(ts) != 1:
+            self._same_tensors(ts, "broadcast")
+        pick = getattr(opts, "rootTensor", 0)
+        if not 0 <= pick < len(ts):
+            raise ValueError(
+                f"{self._where()}: broadcast: invalid root tensor: {pick} (the call has "
+                f"{len(ts)} tensors)"
+            )
+
+        def run() -> None:
+            dense, back = self._dense(ts)
+            src = dense[pick]
+            _engine_broadcast(self._world(), src, _check(src, "broadcast tensor"), root)
+            for t in dense:
+                if t is not src:
+                    t.copy_(src)
+            back()
+
+        return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    @_torch_errors
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None, op: Any = None) -> Work:
+        tensors, opts = _as_list(tensors), _opts(dist.ReduceOptions, opts, op=op)
+        root = self._root(opts.rootRank, "reduce")
+        op = opts.reduceOp
+        if len(tensors) != 1:
+            raise ValueError(
+                f"{self._where()}: reduce requires a single-element tensor list, got "
+                f"{len(tensors)} tensors"
+            )
+        self._real_op(op, tensors, "reduce")
+        ts = [self._tensor(t, f"reduce tensors[{i}]") for i, t in enumerate(tensors)]
+        mine = self._rank == root
+
+        def run() -> None:
+            # Non-roots reduce a (contiguous) copy: their tensors stay as they were.
+            dense, back = self._dense(ts) if mine else (
+                [t.clone(memory_format=torch.contiguous_format) for t in ts], lambda: None)
+            name, post = self._reduce_args(op, dense, "reduce")
+            _reduce_inplace(self._world(), dense, name, 1.0)
+            if mine:
+                for t in dense:
+                    post(t)
+                back()
+
+        return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    def _gather_into(self, inp: torch.Tensor, outs: list[torch.Tensor], what: str) -> None:
+        """All-gathers ``inp`` into ``outs`` (one tensor per rank)."""
+        comm = self._world()
+        inp = inp.contiguous()
+        n = inp.numel()
+        if all(o.numel() == n for o in outs) and all(o.dtype == inp.dtype for o in outs):
+            flat = torch.empty(self._size * n, dtype=inp.dtype)
+            with _sizes_of("all_gather", "output tensor r must have rank r's input size"):
+                _engine_all_gather(comm, inp, flat, _check(inp, what))
+            for r, o in enumerate(outs):
+                o.view(-1).copy_(flat[r * n:(r + 1) * n]) if o.is_contiguous() else o.copy_(
+                    flat[r * n:(r + 1) * n].view(o.shape)
+                )
+            return
+        # Ragged: every rank sends its input to every rank.
+        with _sizes_of("all_gather", "output tensor r must have rank r's input size"):
+            flat = _gather_ragged(comm, self._size, inp, [o.numel() for o in outs])
+        _split_into(flat, outs)
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        if isinstance(input_tensors, torch.Tensor):  # allgather(outputs, input)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        # As gloo's future: the output list itself for one input, else all of them.
+        result = output_tensors[0] if len(output_tensors) == 1 else output_tensors
+        if len(input_tensors) > 1:
+            return self._allgather_devices(output_tensors, input_tensors, opts, result)
+        return self._allgather(output_tensors, input_tensors, opts, result)
+
+    @_torch_errors
+    def _allgather_devices(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any, result: Any,
+    ) -> Work:
+        """``allgather`` of several inputs, torch's multi-device form (as
+        gloo): ``output_tensors[i][r * k + j]`` receives rank r's input j
+        (k inputs), the same in each of the k output lists."""
+        k, size = len(input_tensors), self._size
+        if len(output_tensors) != k:
+            raise ValueError(
+                f"{self._where()}: all_gather requires input/output tensor lists to have the "
+                f"same length ({k} inputs, {len(output_tensors)} output lists)"
+            )
+        for i, lst in enumerate(output_tensors):
+            if len(lst) != size * k:
+                raise ValueError(
+                    f"{self._where()}: all_gather: invalid output tensor list at index {i} "
+                    f"(expected length {size * k}: {size} ranks x {k} inputs, got {len(lst)})"
+                )
+        self._same_tensors([self._tensor(t, "all_gather input") for t in input_tensors],
+                           "all_gather")
+        first = output_tensors[0]
+        per_input = [[first[r * k + j] for r in range(size)] for j in range(k)]
+
+        def copies() -> None:
+            for lst in output_tensors[1:]:
+                for o, src in zip(lst, first):
+                    o.copy_(src)
+
+        return self._allgather(per_input, input_tensors, opts, result, then=copies)
+
+    @_torch_errors
+    def _allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any, result: Any, then: Optional[Callable[[], None]] = None,
+    ) -> Work:
+        ins = [self._tensor(t, "all_gather input") for t in input_tensors]
+        outs = [[self._tensor(o, "all_gather output") for o in lst] for lst in output_tensors]
+        for lst in outs:
+            if len(lst) != self._size:
+                raise ValueError(
+                    f"{self._where()}: all_gather needs {self._size} output tensors (one per "
+                    f"rank), got {len(lst)}"
+                )
+
+        def run() -> None:
+            for inp, lst in zip(ins, outs):
+                self._gather_into(inp, lst, "all_gather input")
+            if then is not None:
+                then()
+
+        return self._submit(run, list(result), wake=_is_async(opts))
+
+    @_torch_errors
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        # torch's layout: output_lists[rank][i] receives input_list[i] of that rank.
+        if len(output_lists) != self._size:
+            raise ValueError(
+                f"{self._where()}: all_gather_coalesced needs {self._size} output lists (one "
+                f"per rank), got {len(output_lists)}"
+            )
+        for r, lst in enumerate(output_lists):
+            if len(lst) != len(input_list):
+                raise ValueError(
+                    f"{self._where()}: all_gather_coalesced output list {r} holds {len(lst)} "
+                    f"tensors for {len(input_list)} inputs"
+                )
+        per_input = [[lst[i] for lst in output_lists] for i in range(len(input_list))]
+        return self._allgather(per_input, input_list, opts, output_lists)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        name = _plain(input)
+        if name is not None and _plain(output) == name:
+            nb = input.nbytes
+            comm = self._sync_comm(opts, nb * self._size)
+            if (comm is not None and output.nbytes == nb * self._size
+                    and _disjoint(input, output)
+                    and self._run_now(comm.all_gather, input.data_ptr(), nb,
+                                      output.data_ptr(), output.nbytes, name)):
+                return _DONE
+        return self.allgather_into_tensor_coalesced([output], [input], opts)
+
+    @_torch_errors
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        pairs = []
+        for o, i in zip(outputs, inputs):
+            i, o = self._tensor(i, "all_gather_into_tensor input"), self._tensor(
+                o, "all_gather_into_tensor output")
+            if o.numel() != i.numel() * self._size or o.dtype != i.dtype:
+                raise ValueError(
+                    f"{self._where()}: all_gather_into_tensor: output holds {o.numel()} x "
+                    f"{o.dtype}, expected {self._size} x {i.numel()} x {i.dtype} (group size "
+                    "x input)"
+                )
+            pairs.append((o, i))
+
+        def run() -> None:
+            comm = self._world()
+            for o, i in pairs:
+                dense, back = self._dense([o])
+                src = i.contiguous()
+                if _overlaps(src, dense[0]):  # in place (FSDP2: input is a slot of output)
+                    src = src.clone()
+                _engine_all_gather(comm, src, dense[0], _check(src, "all_gather_into_tensor input"))
+                back()
+
+        # As gloo's future (its all_gather_into_tensor is an all_gather into
+        # the output's chunks): one tensor per rank for a single output.
+        result = list(outputs[0].chunk(self._size)) if len(outputs) == 1 else list(outputs)
+        return self._submit(run, result, wake=_is_async(opts))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    all_gather_single = _allgather_base
+
+    def _scatter_reduce(
+        self, inp: torch.Tensor, out: torch.Tensor, op: Any, what: str,
+        blocks: Optional[list[int]] = None,
+    ) -> None:
+        """Reduce-scatters flat ``inp`` (one block per rank) into ``out``."""
+        comm = self._world()
+        inp = inp.contiguous()
+        if getattr(op, "op", op) == _RED.PREMUL_SUM or _overlaps(inp, out):
+            inp = inp.clone()  # scaled, or written over: the caller's input stays
+        name, post = self._reduce_args(op, [inp], what)
+        if blocks is None or len(set(blocks)) == 1:
+            dense, back = self._dense([out])
+            _engine_reduce_scatter(comm, inp.view(-1), dense[0].view(-1), _check(inp, what), name)
+            post(dense[0])
+            back()
+            return
+        # Ragged blocks: reduce everything, keep this rank's block.
+        _reduce_inplace(comm, [inp], name, 1.0)
+        start = sum(blocks[: self._rank])
+        mine = inp.view(-1)[start:start + blocks[self._rank]].clone()
+        post(mine)
+        out.copy_(mine.view(out.shape))
+
+    @_torch_errors
+    def reduce_scatter(  # the list form: inputs are concatenated into a fresh buffer
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> Work:
+        if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(output, inputs, op)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        op = _opts(dist.ReduceScatterOptions, opts).reduceOp
+        self._real_op(op, [output_tensors, input_tensors], "reduce_scatter")
+        outs = [self._tensor(o, "reduce_scatter output") for o in output_tensors]
+        ins = [[self._tensor(t, "reduce_scatter input") for t in lst] for lst in input_tensors]
+        for o, lst in zip(outs, ins):
+            if len(lst) != self._size:
+                raise ValueError(
+                    f"{self._where()}: reduce_scatter needs {self._size} input tensors (one "
+                    f"per rank), got {len(lst)}"
+                )
+            if lst[self._rank].numel() != o.numel():
+                raise ValueError(
+                    f"{self._where()}: reduce_scatter output holds {o.numel()} elements but "
+                    f"this rank's input block holds {lst[self._rank].numel()}"
+                )
+
+        def run() -> None:
+            for o, lst in zip(outs, ins):
+                flat = torch.cat([t.reshape(-1) for t in lst])
+                self._scatter_reduce(flat, o, op, "reduce_scatter", [t.numel() for t in lst])
+
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
+
+    def _reduce_scatter_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Work:
+        name = _plain(input)
+        comm = self._sync_comm(opts, input.nbytes) if name is not None else None
+        if comm is not None and _plain(output) == name:
+            op = opts.reduceOp
+            red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
+            nb = input.nbytes
+            if (red is not None and (red in _ANY_DTYPE or not input.is_floating_point())
+                    and output.nbytes * self._size == nb and _disjoint(input, output)
+                    and self._run_now(comm.reduce_scatter, input.data_ptr(), nb,
+                                      output.data_ptr(), output.nbytes, name, red)):
+                return _DONE
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts)
+
+    @_torch_errors
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        self._real_op(op, [outputs, inputs], "reduce_scatter_tensor")
+        pairs = []
+        for o, i in zip(outputs, inputs):
+            i, o = self._tensor(i, "reduce_scatter_tensor input"), self._tensor(
+                o, "reduce_scatter_tensor output")
+            if i.numel() != o.numel() * self._size or o.dtype != i.dtype:
+                raise ValueError(
+                    f"{self._where()}: reduce_scatter_tensor: input holds {i.numel()} x "
+                    f"{i.dtype}, expected {self._size} x {o.numel()} x {o.dtype} (group size x "
+                    "output)"
+                )
+            pairs.append((o, i))
+
+        def run() -> None:
+            for o, i in pairs:
+                self._scatter_reduce(i, o, op, "reduce_scatter_tensor")
+
+        return self._submit(run, list(outputs), wake=_is_async(opts))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    reduce_scatter_single = _reduce_scatter_base
+
+    @_torch_errors
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        if isinstance(input_tensors, torch.Tensor):  # gather(outputs, input, root)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _opts(dist.GatherOptions, opts)
+        root = self._root(opts.rootRank, "gather")
+        inp = self._tensor(input_tensors[0], "gather input")
+        outs: list[torch.Tensor] = []
+        if self._rank == root:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != self._size:
+                raise ValueError(
+                    f"{self._where()}: gather needs a list of {self._size} output tensors on "
+                    "the root"
+                )
+            outs = [self._tensor(o, "gather output") for o in output_tensors[0]]
+        elif output_tensors and any(output_tensors):
+            raise ValueError(f"{self._where()}: gather output tensors are only given on the root")
+
+        def run() -> None:
+            send = inp.contiguous().view(-1)
+            counts = [0] * self._size
+            counts[root] = send.numel()
+            recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
+            flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
+            with _sizes_of("gather", "the root's output tensor r must have rank r's input size"):
+                _exchange(self._world(), send, counts, flat, recv_counts)
+            _split_into(flat, outs)
+
+        # As gloo's future: the root's list of gathered tensors.
+        result = list(output_tensors[0]) if outs else list(output_tensors)
+        return self._submit(run, result, wake=_is_async(opts))
+
+    @_torch_errors
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> Work:
+        if isinstance(output_tensors, torch.Tensor):  # scatter(output, inputs, root)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+        opts = _opts(dist.ScatterOptions, opts)
+        root = self._root(opts.rootRank, "scatter")
+        out = self._tensor(output_tensors[0], "scatter output")
+        ins: list[torch.Tensor] = []
+        if self._rank == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != self._size:
+                raise ValueError(
+                    f"{self._where()}: scatter needs a list of {self._size} input tensors on "
+                    "the root"
+                )
+            ins = [self._tensor(t, "scatter input") for t in input_tensors[0]]
+        elif input_tensors and any(input_tensors):
+            raise ValueError(f"{self._where()}: scatter input tensors are only given on the root")
+
+        def run() -> None:
+            send = (torch.cat([t.reshape(-1) for t in ins]) if ins
+                    else torch.empty(0, dtype=out.dtype))
+            counts = [t.numel() for t in ins] if ins else [0] * self._size
+            recv_counts = [0] * self._size
+            recv_counts[root] = out.numel()
+            dense, back = self._dense([out])
+            with _sizes_of("scatter", "rank r's output must have the size of the root's input "
+                                      "tensor r"):
+                _exchange(self._world(), send, counts, dense[0].view(-1), recv_counts)
+            back()
+
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
+
+    @_torch_errors
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+        input_split_sizes: list[int], opts: Any = None,
+    ) -> Work:
+        inp = self._tensor(input, "all_to_all_single input")
+        out = self._tensor(output, "all_to_all_single output")
+        if inp.dtype != out.dtype:
+            raise ValueError(
+                f"{self._where()}: all_to_all_single input is {inp.dtype} but output is {out.dtype}"
+            )
+
+        def counts(t: torch.Tensor, splits: list[int], what: str) -> list[int]:
+            rows = t.shape[0] if t.dim() else 1
+            row = t.numel() // rows if rows else 0
+            if not splits:
+                if rows % self._size:
+                    raise ValueError(
+                        f"{self._where()}: all_to_all_single {what} has {rows} rows, not "
+                        f"divisible by the group size {self._size}; pass split sizes"
+                    )
+                return [rows // self._size * row] * self._size
+            if len(splits) != self._size or sum(splits) != rows or min(splits) < 0:
+                raise ValueError(
+                    f"{self._where()}: all_to_all_single {what} split sizes {list(splits)} must "
+                    f"be {self._size} non-negative numbers adding up to dim 0 ({rows})"
+                )
+            return [s * row for s in splits]
+
+        send_counts = counts(inp, list(input_split_sizes), "input")
+        recv_counts = counts(out, list(output_split_sizes), "output")
+
+        def run() -> None:
+            dense, back = self._dense([out])
+            _exchange(self._world(), inp.contiguous().view(-1), send_counts,
+                      dense[0].view(-1), recv_counts)
+            back()
+
+        return self._submit(run, [output], wake=_is_async(opts))
+
+    all_to_all_single = alltoall_base
+
+    @_torch_errors
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
+        ins = [self._tensor(t, "all_to_all input") for t in input_tensors]
+        outs = [self._tensor(t, "all_to_all output") for t in output_tensors]
+        if len(ins) != self._size or len(outs) != self._size:
+            raise ValueError(
+                f"{self._where()}: all_to_all needs {self._size} input and output tensors, got "
+                f"{len(ins)} and {len(outs)}"
+            )
+        dtypes = {t.dtype for t in ins + outs}
+        if len(dtypes) != 1:
+            raise ValueError(
+                f"{self._where()}: all_to_all tensors mix dtypes {sorted(map(str, dtypes))}"
+            )
+
+        def run() -> None:
+            send = torch.cat([t.reshape(-1) for t in ins])
+            flat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
+            _exchange(self._world(), send, [t.numel() for t in ins], flat,
+                      [o.numel() for o in outs])
+            _split_into(flat, outs)
+
+        return self._submit(run, list(output_tensors), wake=_is_async(opts))
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._submit(lambda: self._world().barrier(), [], wake=_is_async(opts))
