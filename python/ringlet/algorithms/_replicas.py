@@ -7,22 +7,15 @@ replica is lost."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from datetime import timedelta
 from typing import Any, Optional
 
 import torch.distributed as dist
 
-from .. import _core, runtime
+from .. import runtime
+from ..core import connect_members, local_address
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
-
-
-def _store_host(store: Any) -> Optional[str]:
-    host = getattr(store, "host", None)
-    if host is None and hasattr(store, "underlying_store"):
-        return _store_host(store.underlying_store)
-    return host
 
 
 def _group_timeout(pg: Any) -> float:
@@ -48,8 +41,7 @@ class Replicas:
             self.me = dist.get_rank()
             self.store = dist.distributed_c10d._get_default_store()
             default_timeout = _group_timeout(pg)
-            addr = os.environ.get("MASTER_ADDR") or _store_host(self.store) or "127.0.0.1"
-            self.addr = runtime._local_ip(addr)
+            self.addr = local_address(self.store)
             prefix = ""
         elif runtime.is_initialized() and (group is None or hasattr(group, "ranks")):
             # ringlet's own runtime (ringlet.init, Bagua's init_process_group):
@@ -75,7 +67,6 @@ class Replicas:
         count = int(self.store.add(f"{prefix}ringlet/outer/{base}/{self.me}", 1))
         self.key = f"{prefix}ringlet/outer/{base}/{count}"
         self.epoch = 0
-        self._closers: list[Any] = []
         self.comms: Any = None
         self._connect()
 
@@ -90,21 +81,11 @@ class Replicas:
         return self.members.index(self.me)
 
     def _connect(self) -> None:
-        key, members = f"{self.key}/e{self.epoch}", self.members
-        name = f"{self.what} over ranks {members}"
-        domain = runtime._new_domain()
-        flat, hosts = runtime._connect_members(self.store, f"{key}/g", members, self.me,
-                                               self.addr, self.timeout, name, domain)
-        self._closers = [flat]
-        if self.hierarchical and len(members) > 1:
-            intra, inter, n_hosts, channel = runtime._bagua_levels(
-                self.store, key, members, self.me, hosts, self.addr, self.timeout, name, domain
-            )
-            self._closers.extend(c for c in (intra, inter, channel) if c is not None)
-            self.comms = _core.Comms.hierarchical(intra, inter, n_hosts, len(members), channel)
-        else:
-            self.comms = _core.Comms.flat(flat)
-        self.flat = flat
+        self._connected = connect_members(
+            self.store, f"{self.key}/e{self.epoch}", self.members, self.me, addr=self.addr,
+            timeout=self.timeout, name=f"{self.what} over ranks {self.members}",
+            hierarchical=self.hierarchical)
+        self.comms, self.flat = self._connected.comms, self._connected.flat
 
     def agree(self, topic: str, value: Any) -> None:
         """Checks that every replica passes the same ``value`` (JSON-able)
@@ -172,11 +153,10 @@ class Replicas:
         if self.me not in keep:
             raise error
         gone = [r for r in self.members if r not in keep]
-        for c in self._closers:
-            try:
-                c.close()
-            except Exception:
-                pass
+        try:
+            self._connected.close()
+        except Exception:
+            pass
         self.members = keep
         self.epoch += 1
         self._connect()
@@ -184,9 +164,7 @@ class Replicas:
 
     def close(self) -> None:
         """Closes the communicators (idempotent)."""
-        for c in self._closers:
-            c.close()
-        self._closers = []
+        self._connected.close()
 
 
 def lost_replica(error: BaseException) -> bool:

@@ -39,8 +39,9 @@ from typing import Any, Optional
 
 import torch
 
-from .. import _core, runtime
+from .. import runtime
 from .._engine import _check
+from ..core import connect_members
 from ..errors import NotInitializedError
 from . import env
 from .env import get_rank
@@ -262,19 +263,14 @@ class BaguaProcessGroup:
         state = runtime._require()
         key = f"{state.prefix}/bagua/pg{self.group_name}/{tag}"
         title = f"algorithm {tag} of process group {self.group_name} {self.ranks}"
-        if not hierarchical:
-            c = _connect(key, self.ranks, title)
-            self._closers.append(c)
-            return _core.Comms.flat(c)
         hosts = _hosts()
         mine = runtime._HostTable(hosts[r] for r in self.ranks)
         mine.machine_ranks = getattr(hosts, "machine_ranks", 0)
-        intra, inter, n_hosts, channel = runtime._bagua_levels(
-            state.store, key, self.ranks, state.rank, mine,
-            state.addr, state.timeout, title, state.domain,
-        )
-        self._closers.extend(c for c in (intra, inter, channel) if c is not None)
-        return _core.Comms.hierarchical(intra, inter, n_hosts, len(self.ranks), channel)
+        got = connect_members(state.store, key, self.ranks, state.rank, addr=state.addr,
+                              timeout=state.timeout, name=title, domain=state.domain,
+                              hierarchical=hierarchical, hosts=mine, flat=not hierarchical)
+        self._closers.extend(got.closers)
+        return got.comms
 
     def _dedicated(self, tag: str) -> Any:
         """Connects one communicator of all the group's ranks for one

@@ -36,20 +36,14 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .. import _core, runtime
+from .. import _core
 from .._engine import _DTYPE_NAMES
+from ..core import connect_members, local_address
 
 __all__ = ["ByteGradState", "bytegrad_hook"]
 
 _states: "list[ByteGradState]" = []
 _lock = threading.Lock()
-
-
-def _store_host(store: Any) -> Optional[str]:
-    host = getattr(store, "host", None)
-    if host is None and hasattr(store, "underlying_store"):
-        return _store_host(store.underlying_store)
-    return host
 
 
 class ByteGradState:
@@ -92,23 +86,10 @@ class ByteGradState:
         # Members create states in the same order: the count agrees.
         count = int(store.add(f"ringlet/hooks/{','.join(map(str, members))}/{me}", 1))
         key = f"ringlet/hooks/{','.join(map(str, members))}/{count}"
-        import os
-
-        addr = runtime._local_ip(os.environ.get("MASTER_ADDR") or _store_host(store)
-                                 or "127.0.0.1")
-        domain = runtime._new_domain()
-        self._closers: list[Any] = []
-        flat, hosts = runtime._connect_members(store, f"{key}/g", members, me, addr, timeout,
-                                               name, domain)
-        self._closers.append(flat)
-        if hierarchical:
-            intra, inter, n_hosts, channel = runtime._bagua_levels(
-                store, key, members, me, hosts, addr, timeout, name, domain
-            )
-            self._closers.extend(c for c in (intra, inter, channel) if c is not None)
-            comms = _core.Comms.hierarchical(intra, inter, n_hosts, len(members), channel)
-        else:
-            comms = _core.Comms.flat(flat)
+        self._members = connect_members(
+            store, key, members, me, addr=local_address(store), timeout=timeout, name=name,
+            hierarchical=hierarchical, flat=True)
+        comms = self._members.comms
         self.process_group = pg
         self.hierarchical = hierarchical
         self.error_feedback = error_feedback
@@ -181,8 +162,7 @@ class ByteGradState:
         self._closed = True
         self._queue.put(None)
         self._thread.join()
-        for c in self._closers:
-            c.close()
+        self._members.close()
 
 
 def _timeout(pg: Any) -> float:
