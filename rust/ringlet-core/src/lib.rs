@@ -20,6 +20,7 @@ pub mod progress;
 pub mod reduce;
 pub mod registry;
 pub mod rpc;
+mod simd;
 mod sys;
 pub mod testing;
 pub mod transport;

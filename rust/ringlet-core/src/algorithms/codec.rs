@@ -958,9 +958,10 @@ mod portable {
     }
 }
 
-/// x86_64 kernels: safe functions with target features, written once per
-/// vector width over float32 lanes; the element type enters through its
-/// load (widen), store (narrow) and round-trip functions.
+/// x86_64 kernels: safe functions with target features, generated for each
+/// instruction set of the SIMD layer (`crate::simd`) from one description
+/// over its float32 lanes; the element type enters through the layer's load
+/// (widen), store (narrow) and round-trip functions.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     /// Proof that this CPU has AVX2 and F16C (only `detect` makes one).
@@ -969,8 +970,7 @@ mod x86 {
 
     impl Avx2 {
         pub(super) fn detect() -> Option<Self> {
-            (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"))
-                .then_some(Avx2(()))
+            crate::simd::has_f16c().then_some(Avx2(()))
         }
     }
 
@@ -980,511 +980,185 @@ mod x86 {
 
     impl Avx512 {
         pub(super) fn detect() -> Option<Self> {
-            (is_x86_feature_detected!("avx512f") && Avx2::detect().is_some()).then_some(Avx512(()))
+            crate::simd::has_avx512().then_some(Avx512(()))
         }
     }
 
-    /// 16 lanes of float32 in a zmm register.
-    pub(super) mod avx512 {
-        use super::super::{fold_groups, zip_groups, Kind, Mode, Params, Range};
-        use std::arch::x86_64::{
-            __m512, __m512i, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512,
-            _mm512_castps_si512, _mm512_castsi512_ps, _mm512_cmp_ps_mask, _mm512_cvtepi32_epi16,
-            _mm512_cvtepi32_ps, _mm512_cvtepu16_epi32, _mm512_cvtepu8_epi32, _mm512_cvtph_ps,
-            _mm512_cvtps_ph, _mm512_cvttps_epi32, _mm512_cvtusepi32_epi8, _mm512_div_ps,
-            _mm512_mask_or_epi32, _mm512_max_epi32, _mm512_max_ps, _mm512_min_ps, _mm512_mul_ps,
-            _mm512_roundscale_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
-            _mm512_setzero_si512, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_sub_ps,
-            _CMP_UNORD_Q, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT,
+    /// The kernels over `crate::simd::$isa`, compiled for `$features`.
+    macro_rules! kernels {
+        ($(#[$doc:meta])* $isa:ident, $features:literal) => {
+            $(#[$doc])*
+            pub(super) mod $isa {
+                use super::super::{fold_groups, zip_groups, Kind, Mode, Params, Range};
+                use crate::simd::$isa::{
+                    add, div, from_bytes, lanes, load_bf16, load_f16, load_f32, max, min, mul,
+                    rint, round_bf16, round_f16, splat, store_bf16, store_f16, store_f32, sub,
+                    to_bytes, zero, L, V,
+                };
+
+                #[target_feature(enable = $features)]
+                #[inline]
+                fn minmax_of<const B: usize>(
+                    src: &[u8],
+                    esize: usize,
+                    load: impl Fn(&[u8; B]) -> V,
+                ) -> Range {
+                    let init = (splat(f32::INFINITY), splat(f32::NEG_INFINITY), zero());
+                    // `chk` sums `x - x`: 0 unless a NaN or an infinity went in.
+                    let step = |(mn, mx, chk): (V, V, V), g: &[u8; B]| {
+                        let x = load(g);
+                        (min(mn, x), max(mx, x), add(chk, sub(x, x)))
+                    };
+                    let merge = |a: (V, V, V), b: (V, V, V)| {
+                        (min(a.0, b.0), max(a.1, b.1), add(a.2, b.2))
+                    };
+                    let (mn, mx, chk) = fold_groups::<B, (V, V, V)>(src, esize, init, step, merge);
+                    Range::from_lanes(&lanes(mn), &lanes(mx), &lanes(chk))
+                }
+
+                #[target_feature(enable = $features)]
+                pub(in super::super) fn minmax(kind: Kind, src: &[u8]) -> Range {
+                    match kind {
+                        Kind::F32 => minmax_of::<{ 4 * L }>(src, 4, |b| load_f32(b)),
+                        Kind::F16 => minmax_of::<{ 2 * L }>(src, 2, |b| load_f16(b)),
+                        Kind::BF16 => minmax_of::<{ 2 * L }>(src, 2, |b| load_bf16(b)),
+                    }
+                }
+
+                #[target_feature(enable = $features)]
+                #[inline]
+                fn quantize_of<const B: usize>(
+                    src: &[u8],
+                    p: Params,
+                    dst: &mut [u8],
+                    load: impl Fn(&[u8; B]) -> V,
+                ) {
+                    let scale = splat(p.scale);
+                    let upper = splat(p.upper);
+                    let lower = splat(p.lower);
+                    zip_groups::<B, L>(src, dst, |s, d| {
+                        let level = min(rint(mul(load(s), scale)), upper);
+                        // `as u8` in integer operations (see `Params::byte`).
+                        *d = to_bytes(sub(level, lower));
+                    });
+                }
+
+                #[target_feature(enable = $features)]
+                pub(in super::super) fn quantize(
+                    kind: Kind,
+                    src: &[u8],
+                    p: Params,
+                    dst: &mut [u8],
+                ) {
+                    match kind {
+                        Kind::F32 => quantize_of::<{ 4 * L }>(src, p, dst, |b| load_f32(b)),
+                        Kind::F16 => quantize_of::<{ 2 * L }>(src, p, dst, |b| load_f16(b)),
+                        Kind::BF16 => quantize_of::<{ 2 * L }>(src, p, dst, |b| load_bf16(b)),
+                    }
+                }
+
+                #[target_feature(enable = $features)]
+                #[inline]
+                fn dequantize_of<const B: usize>(
+                    mode: Mode,
+                    src: &[u8],
+                    p: Params,
+                    dst: &mut [u8],
+                    load: impl Fn(&[u8; B]) -> V,
+                    store: impl Fn(V, &mut [u8; B]),
+                    round: impl Fn(V) -> V,
+                ) {
+                    let scale = splat(p.scale);
+                    let lower = splat(p.lower);
+                    let value = |s: &[u8; L]| div(add(from_bytes(s), lower), scale);
+                    match mode {
+                        Mode::Store => zip_groups::<L, B>(src, dst, |s, d| store(value(s), d)),
+                        Mode::Add => zip_groups::<L, B>(src, dst, |s, d| {
+                            store(add(load(d), round(value(s))), d)
+                        }),
+                        Mode::AccFirst => zip_groups::<L, { 4 * L }>(src, dst, |s, d| {
+                            store_f32(add(zero(), round(value(s))), d)
+                        }),
+                        Mode::Acc => zip_groups::<L, { 4 * L }>(src, dst, |s, d| {
+                            store_f32(add(load_f32(d), round(value(s))), d)
+                        }),
+                    }
+                }
+
+                #[target_feature(enable = $features)]
+                pub(in super::super) fn dequantize(
+                    kind: Kind,
+                    mode: Mode,
+                    src: &[u8],
+                    p: Params,
+                    dst: &mut [u8],
+                ) {
+                    match kind {
+                        Kind::F32 => dequantize_of::<{ 4 * L }>(
+                            mode,
+                            src,
+                            p,
+                            dst,
+                            |b| load_f32(b),
+                            |v, b| store_f32(v, b),
+                            |v| v,
+                        ),
+                        Kind::F16 => dequantize_of::<{ 2 * L }>(
+                            mode,
+                            src,
+                            p,
+                            dst,
+                            |b| load_f16(b),
+                            |v, b| store_f16(v, b),
+                            |v| round_f16(v),
+                        ),
+                        Kind::BF16 => dequantize_of::<{ 2 * L }>(
+                            mode,
+                            src,
+                            p,
+                            dst,
+                            |b| load_bf16(b),
+                            |v, b| store_bf16(v, b),
+                            |v| round_bf16(v),
+                        ),
+                    }
+                }
+
+                #[target_feature(enable = $features)]
+                pub(in super::super) fn scaled(
+                    kind: Kind,
+                    acc: &[u8],
+                    divisor: f32,
+                    dst: &mut [u8],
+                ) {
+                    let d = splat(divisor);
+                    let q = |a: &[u8; 4 * L]| div(load_f32(a), d);
+                    match kind {
+                        Kind::F32 => zip_groups::<{ 4 * L }, { 4 * L }>(acc, dst, |a, o| {
+                            store_f32(q(a), o)
+                        }),
+                        Kind::F16 => zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| {
+                            store_f16(q(a), o)
+                        }),
+                        Kind::BF16 => zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| {
+                            store_bf16(q(a), o)
+                        }),
+                    }
+                }
+            }
         };
-
-        type V = __m512;
-        const L: usize = 16;
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn load_f32(b: &[u8; 4 * L]) -> V {
-            bytemuck::cast(*b)
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn store_f32(v: V, b: &mut [u8; 4 * L]) {
-            *b = bytemuck::cast(v);
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn load_f16(b: &[u8; 2 * L]) -> V {
-            _mm512_cvtph_ps(bytemuck::cast(*b))
-        }
-
-        /// `vcvtps2ph`, rounding to nearest even.
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn store_f16(v: V, b: &mut [u8; 2 * L]) {
-            *b = bytemuck::cast(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn round_f16(v: V) -> V {
-            _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-        }
-
-        /// A plain shift: exact (a signalling NaN stays signalling, which
-        /// only matters for `decompress_add`'s destination, where the add
-        /// quiets it as widening would have).
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn load_bf16(b: &[u8; 2 * L]) -> V {
-            let x = _mm512_cvtepu16_epi32(bytemuck::cast(*b));
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(x))
-        }
-
-        /// float32 -> bfloat16 rounding to nearest even (`half`'s
-        /// `bf16::from_f32`): add `0x7fff + lsb` unless NaN, whose quiet bit
-        /// is set instead; the result is the high half of each lane.
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn round_bf16_high(v: V) -> __m512i {
-            let x = _mm512_castps_si512(v);
-            let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
-            let rounded = _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-            _mm512_mask_or_epi32(rounded, nan, x, _mm512_set1_epi32(0x0040_0000))
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn store_bf16(v: V, b: &mut [u8; 2 * L]) {
-            let top = _mm512_srli_epi32::<16>(round_bf16_high(v));
-            *b = bytemuck::cast(_mm512_cvtepi32_epi16(top));
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn round_bf16(v: V) -> V {
-            let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
-            _mm512_castsi512_ps(_mm512_and_si512(round_bf16_high(v), high))
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn minmax_of<const B: usize>(
-            src: &[u8],
-            esize: usize,
-            load: impl Fn(&[u8; B]) -> V,
-        ) -> Range {
-            let init = (
-                _mm512_set1_ps(f32::INFINITY),
-                _mm512_set1_ps(f32::NEG_INFINITY),
-                _mm512_setzero_ps(),
-            );
-            // `chk` sums `x - x`: 0 unless a NaN or an infinity went in.
-            let step = |(mn, mx, chk): (V, V, V), g: &[u8; B]| {
-                let x = load(g);
-                (
-                    _mm512_min_ps(mn, x),
-                    _mm512_max_ps(mx, x),
-                    _mm512_add_ps(chk, _mm512_sub_ps(x, x)),
-                )
-            };
-            let merge = |a: (V, V, V), b: (V, V, V)| {
-                (
-                    _mm512_min_ps(a.0, b.0),
-                    _mm512_max_ps(a.1, b.1),
-                    _mm512_add_ps(a.2, b.2),
-                )
-            };
-            let (mn, mx, chk) = fold_groups::<B, (V, V, V)>(src, esize, init, step, merge);
-            let lanes = |v: V| bytemuck::cast::<V, [f32; L]>(v);
-            Range::from_lanes(&lanes(mn), &lanes(mx), &lanes(chk))
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        pub(in super::super) fn minmax(kind: Kind, src: &[u8]) -> Range {
-            match kind {
-                Kind::F32 => minmax_of::<{ 4 * L }>(src, 4, |b| load_f32(b)),
-                Kind::F16 => minmax_of::<{ 2 * L }>(src, 2, |b| load_f16(b)),
-                Kind::BF16 => minmax_of::<{ 2 * L }>(src, 2, |b| load_bf16(b)),
-            }
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn quantize_of<const B: usize>(
-            src: &[u8],
-            p: Params,
-            dst: &mut [u8],
-            load: impl Fn(&[u8; B]) -> V,
-        ) {
-            let scale = _mm512_set1_ps(p.scale);
-            let upper = _mm512_set1_ps(p.upper);
-            let lower = _mm512_set1_ps(p.lower);
-            let zero = _mm512_setzero_si512();
-            zip_groups::<B, L>(src, dst, |s, d| {
-                let x = _mm512_mul_ps(load(s), scale);
-                let level =
-                    _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-                let level = _mm512_min_ps(level, upper);
-                // `as u8` in integer operations (see `Params::byte`): NaN,
-                // -inf and large negatives truncate to i32::MIN, then
-                // negatives go to 0 and values above 255 saturate.
-                let byte = _mm512_cvttps_epi32(_mm512_sub_ps(level, lower));
-                *d = bytemuck::cast(_mm512_cvtusepi32_epi8(_mm512_max_epi32(byte, zero)));
-            });
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        pub(in super::super) fn quantize(kind: Kind, src: &[u8], p: Params, dst: &mut [u8]) {
-            match kind {
-                Kind::F32 => quantize_of::<{ 4 * L }>(src, p, dst, |b| load_f32(b)),
-                Kind::F16 => quantize_of::<{ 2 * L }>(src, p, dst, |b| load_f16(b)),
-                Kind::BF16 => quantize_of::<{ 2 * L }>(src, p, dst, |b| load_bf16(b)),
-            }
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        #[inline]
-        fn dequantize_of<const B: usize>(
-            mode: Mode,
-            src: &[u8],
-            p: Params,
-            dst: &mut [u8],
-            load: impl Fn(&[u8; B]) -> V,
-            store: impl Fn(V, &mut [u8; B]),
-            round: impl Fn(V) -> V,
-        ) {
-            let scale = _mm512_set1_ps(p.scale);
-            let lower = _mm512_set1_ps(p.lower);
-            let value = |s: &[u8; L]| {
-                let b = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytemuck::cast(*s)));
-                _mm512_div_ps(_mm512_add_ps(b, lower), scale)
-            };
-            match mode {
-                Mode::Store => zip_groups::<L, B>(src, dst, |s, d| store(value(s), d)),
-                Mode::Add => zip_groups::<L, B>(src, dst, |s, d| {
-                    store(_mm512_add_ps(load(d), round(value(s))), d)
-                }),
-                Mode::AccFirst => zip_groups::<L, { 4 * L }>(src, dst, |s, d| {
-                    store_f32(_mm512_add_ps(_mm512_setzero_ps(), round(value(s))), d)
-                }),
-                Mode::Acc => zip_groups::<L, { 4 * L }>(src, dst, |s, d| {
-                    store_f32(_mm512_add_ps(load_f32(d), round(value(s))), d)
-                }),
-            }
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        pub(in super::super) fn dequantize(
-            kind: Kind,
-            mode: Mode,
-            src: &[u8],
-            p: Params,
-            dst: &mut [u8],
-        ) {
-            match kind {
-                Kind::F32 => dequantize_of::<{ 4 * L }>(
-                    mode,
-                    src,
-                    p,
-                    dst,
-                    |b| load_f32(b),
-                    |v, b| store_f32(v, b),
-                    |v| v,
-                ),
-                Kind::F16 => dequantize_of::<{ 2 * L }>(
-                    mode,
-                    src,
-                    p,
-                    dst,
-                    |b| load_f16(b),
-                    |v, b| store_f16(v, b),
-                    |v| round_f16(v),
-                ),
-                Kind::BF16 => dequantize_of::<{ 2 * L }>(
-                    mode,
-                    src,
-                    p,
-                    dst,
-                    |b| load_bf16(b),
-                    |v, b| store_bf16(v, b),
-                    |v| round_bf16(v),
-                ),
-            }
-        }
-
-        #[target_feature(enable = "avx512f,avx2,f16c")]
-        pub(in super::super) fn scaled(kind: Kind, acc: &[u8], divisor: f32, dst: &mut [u8]) {
-            let d = _mm512_set1_ps(divisor);
-            let q = |a: &[u8; 4 * L]| _mm512_div_ps(load_f32(a), d);
-            match kind {
-                Kind::F32 => {
-                    zip_groups::<{ 4 * L }, { 4 * L }>(acc, dst, |a, o| store_f32(q(a), o))
-                }
-                Kind::F16 => {
-                    zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| store_f16(q(a), o))
-                }
-                Kind::BF16 => {
-                    zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| store_bf16(q(a), o))
-                }
-            }
-        }
     }
 
-    /// 8 lanes of float32 in a ymm register.
-    pub(super) mod avx2 {
-        use super::super::{fold_groups, zip_groups, Kind, Mode, Params, Range};
-        use std::arch::x86_64::{
-            __m256, __m256i, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
-            _mm256_andnot_si256, _mm256_castps_si256, _mm256_castsi256_ps, _mm256_castsi256_si128,
-            _mm256_cmp_ps, _mm256_cvtepi32_ps, _mm256_cvtepu16_epi32, _mm256_cvtepu8_epi32,
-            _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_cvttps_epi32, _mm256_div_ps,
-            _mm256_extracti128_si256, _mm256_max_ps, _mm256_min_ps, _mm256_mul_ps, _mm256_or_si256,
-            _mm256_packs_epi32, _mm256_packus_epi16, _mm256_round_ps, _mm256_set1_epi32,
-            _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_slli_epi32,
-            _mm256_srli_epi32, _mm256_sub_ps, _mm_cvtsi128_si64, _mm_cvtsi64_si128,
-            _mm_packus_epi32, _mm_unpacklo_epi32, _CMP_UNORD_Q, _MM_FROUND_NO_EXC,
-            _MM_FROUND_TO_NEAREST_INT,
-        };
-
-        type V = __m256;
-        const L: usize = 8;
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn load_f32(b: &[u8; 4 * L]) -> V {
-            bytemuck::cast(*b)
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn store_f32(v: V, b: &mut [u8; 4 * L]) {
-            *b = bytemuck::cast(v);
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn load_f16(b: &[u8; 2 * L]) -> V {
-            _mm256_cvtph_ps(bytemuck::cast(*b))
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn store_f16(v: V, b: &mut [u8; 2 * L]) {
-            *b = bytemuck::cast(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn round_f16(v: V) -> V {
-            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-        }
-
-        /// As the AVX-512 `load_bf16`.
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn load_bf16(b: &[u8; 2 * L]) -> V {
-            let x = _mm256_cvtepu16_epi32(bytemuck::cast(*b));
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(x))
-        }
-
-        /// As the AVX-512 `round_bf16_high`.
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn round_bf16_high(v: V) -> __m256i {
-            let x = _mm256_castps_si256(v);
-            let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-            let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-            let bias = _mm256_andnot_si256(nan, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-            let quiet = _mm256_or_si256(x, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000)));
-            _mm256_add_epi32(quiet, bias)
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn store_bf16(v: V, b: &mut [u8; 2 * L]) {
-            let top = _mm256_srli_epi32::<16>(round_bf16_high(v));
-            *b = bytemuck::cast(_mm_packus_epi32(
-                _mm256_castsi256_si128(top),
-                _mm256_extracti128_si256::<1>(top),
-            ));
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn round_bf16(v: V) -> V {
-            let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
-            _mm256_castsi256_ps(_mm256_and_si256(round_bf16_high(v), high))
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn minmax_of<const B: usize>(
-            src: &[u8],
-            esize: usize,
-            load: impl Fn(&[u8; B]) -> V,
-        ) -> Range {
-            let init = (
-                _mm256_set1_ps(f32::INFINITY),
-                _mm256_set1_ps(f32::NEG_INFINITY),
-                _mm256_setzero_ps(),
-            );
-            // `chk` sums `x - x`: 0 unless a NaN or an infinity went in.
-            let step = |(mn, mx, chk): (V, V, V), g: &[u8; B]| {
-                let x = load(g);
-                (
-                    _mm256_min_ps(mn, x),
-                    _mm256_max_ps(mx, x),
-                    _mm256_add_ps(chk, _mm256_sub_ps(x, x)),
-                )
-            };
-            let merge = |a: (V, V, V), b: (V, V, V)| {
-                (
-                    _mm256_min_ps(a.0, b.0),
-                    _mm256_max_ps(a.1, b.1),
-                    _mm256_add_ps(a.2, b.2),
-                )
-            };
-            let (mn, mx, chk) = fold_groups::<B, (V, V, V)>(src, esize, init, step, merge);
-            let lanes = |v: V| bytemuck::cast::<V, [f32; L]>(v);
-            Range::from_lanes(&lanes(mn), &lanes(mx), &lanes(chk))
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        pub(in super::super) fn minmax(kind: Kind, src: &[u8]) -> Range {
-            match kind {
-                Kind::F32 => minmax_of::<{ 4 * L }>(src, 4, |b| load_f32(b)),
-                Kind::F16 => minmax_of::<{ 2 * L }>(src, 2, |b| load_f16(b)),
-                Kind::BF16 => minmax_of::<{ 2 * L }>(src, 2, |b| load_bf16(b)),
-            }
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn quantize_of<const B: usize>(
-            src: &[u8],
-            p: Params,
-            dst: &mut [u8],
-            load: impl Fn(&[u8; B]) -> V,
-        ) {
-            let scale = _mm256_set1_ps(p.scale);
-            let upper = _mm256_set1_ps(p.upper);
-            let lower = _mm256_set1_ps(p.lower);
-            zip_groups::<B, L>(src, dst, |s, d| {
-                let x = _mm256_mul_ps(load(s), scale);
-                let level = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-                let level = _mm256_min_ps(level, upper);
-                // `as u8` in integer operations (see `Params::byte`): NaN,
-                // -inf and large negatives truncate to i32::MIN, and the
-                // saturating packs take negatives to 0 and values above 255
-                // to 255. They work within 128-bit halves, leaving the eight
-                // bytes in bytes 0-3 of each half.
-                let i = _mm256_cvttps_epi32(_mm256_sub_ps(level, lower));
-                let b = _mm256_packus_epi16(_mm256_packs_epi32(i, i), _mm256_setzero_si256());
-                let b =
-                    _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
-                *d = (_mm_cvtsi128_si64(b) as u64).to_le_bytes();
-            });
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        pub(in super::super) fn quantize(kind: Kind, src: &[u8], p: Params, dst: &mut [u8]) {
-            match kind {
-                Kind::F32 => quantize_of::<{ 4 * L }>(src, p, dst, |b| load_f32(b)),
-                Kind::F16 => quantize_of::<{ 2 * L }>(src, p, dst, |b| load_f16(b)),
-                Kind::BF16 => quantize_of::<{ 2 * L }>(src, p, dst, |b| load_bf16(b)),
-            }
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        #[inline]
-        fn dequantize_of<const B: usize>(
-            mode: Mode,
-            src: &[u8],
-            p: Params,
-            dst: &mut [u8],
-            load: impl Fn(&[u8; B]) -> V,
-            store: impl Fn(V, &mut [u8; B]),
-            round: impl Fn(V) -> V,
-        ) {
-            let scale = _mm256_set1_ps(p.scale);
-            let lower = _mm256_set1_ps(p.lower);
-            let value = |s: &[u8; L]| {
-                let b = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(*s)));
-                _mm256_div_ps(_mm256_add_ps(_mm256_cvtepi32_ps(b), lower), scale)
-            };
-            match mode {
-                Mode::Store => zip_groups::<L, B>(src, dst, |s, d| store(value(s), d)),
-                Mode::Add => zip_groups::<L, B>(src, dst, |s, d| {
-                    store(_mm256_add_ps(load(d), round(value(s))), d)
-                }),
-                Mode::AccFirst => zip_groups::<L, { 4 * L }>(src, dst, |s, d| {
-                    store_f32(_mm256_add_ps(_mm256_setzero_ps(), round(value(s))), d)
-                }),
-                Mode::Acc => zip_groups::<L, { 4 * L }>(src, dst, |s, d| {
-                    store_f32(_mm256_add_ps(load_f32(d), round(value(s))), d)
-                }),
-            }
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        pub(in super::super) fn dequantize(
-            kind: Kind,
-            mode: Mode,
-            src: &[u8],
-            p: Params,
-            dst: &mut [u8],
-        ) {
-            match kind {
-                Kind::F32 => dequantize_of::<{ 4 * L }>(
-                    mode,
-                    src,
-                    p,
-                    dst,
-                    |b| load_f32(b),
-                    |v, b| store_f32(v, b),
-                    |v| v,
-                ),
-                Kind::F16 => dequantize_of::<{ 2 * L }>(
-                    mode,
-                    src,
-                    p,
-                    dst,
-                    |b| load_f16(b),
-                    |v, b| store_f16(v, b),
-                    |v| round_f16(v),
-                ),
-                Kind::BF16 => dequantize_of::<{ 2 * L }>(
-                    mode,
-                    src,
-                    p,
-                    dst,
-                    |b| load_bf16(b),
-                    |v, b| store_bf16(v, b),
-                    |v| round_bf16(v),
-                ),
-            }
-        }
-
-        #[target_feature(enable = "avx2,f16c")]
-        pub(in super::super) fn scaled(kind: Kind, acc: &[u8], divisor: f32, dst: &mut [u8]) {
-            let d = _mm256_set1_ps(divisor);
-            let q = |a: &[u8; 4 * L]| _mm256_div_ps(load_f32(a), d);
-            match kind {
-                Kind::F32 => {
-                    zip_groups::<{ 4 * L }, { 4 * L }>(acc, dst, |a, o| store_f32(q(a), o))
-                }
-                Kind::F16 => {
-                    zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| store_f16(q(a), o))
-                }
-                Kind::BF16 => {
-                    zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| store_bf16(q(a), o))
-                }
-            }
-        }
-    }
+    kernels!(
+        /// 16 lanes of float32 in a zmm register.
+        avx512,
+        "avx512f,avx2,f16c"
+    );
+    kernels!(
+        /// 8 lanes of float32 in a ymm register.
+        avx2,
+        "avx2,f16c"
+    );
 }
 
 #[cfg(test)]

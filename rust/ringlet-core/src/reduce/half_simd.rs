@@ -32,9 +32,10 @@
 //!   target (SSE2 on baseline x86-64: about 3x the old float16 kernel, the
 //!   same speed as the old bfloat16 one).
 //!
-//! The x86 code is safe functions with `#[target_feature]` (intrinsics and
-//! `bytemuck` casts, no raw pointers); the only `unsafe` is calling them
-//! after the feature check.
+//! The x86 code is safe functions with `#[target_feature]` over the group
+//! conversions of the SIMD layer (`crate::simd`, shared with the codec;
+//! intrinsics and `bytemuck` casts, no raw pointers); the only `unsafe` is
+//! calling them after the feature check.
 
 use half::{bf16, f16};
 
@@ -580,65 +581,39 @@ pub(crate) mod portable {
     }
 }
 
-/// x86_64 versions: the same loops compiled for AVX2, with the group
-/// conversions written with intrinsics (F16C for float16) so that the
-/// compiler keeps one group per vector register.
+/// x86_64 versions: the same loops compiled for AVX2 or AVX-512, with the
+/// group conversions of the SIMD layer (`crate::simd`; F16C for float16) so
+/// that the compiler keeps one group per vector register.
 /// These are safe functions with target features; callers must check the
 /// features first (the `unsafe` at each call).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{Narrow, Wide};
+    use crate::simd::{avx2, avx512};
+    pub(crate) use crate::simd::{has_avx2, has_avx512, has_f16c};
     use half::{bf16, f16};
-    use std::arch::x86_64::{
-        __m128i, __m256, __m256i, _mm256_add_epi32, _mm256_and_si256, _mm256_andnot_si256,
-        _mm256_castps_si256, _mm256_castsi256_si128, _mm256_cmp_ps, _mm256_cmpgt_epi32,
-        _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_cvtps_ph, _mm256_extracti128_si256,
-        _mm256_or_si256, _mm256_set1_epi32, _mm256_slli_epi32, _mm256_srli_epi32, _mm_packus_epi32,
-        _CMP_UNORD_Q, _MM_FROUND_TO_NEAREST_INT,
-    };
-    use std::arch::x86_64::{
-        __m512, __m512i, _mm512_add_epi32, _mm512_and_si512, _mm512_castps_si512,
-        _mm512_cmp_ps_mask, _mm512_cvtph_ps, _mm512_cvtps_ph, _mm512_mask_or_epi32,
-        _mm512_or_si512, _mm512_set1_epi32, _mm512_slli_epi32, _mm512_srli_epi32,
-    };
 
-    pub(crate) fn has_f16c() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
-    }
-
-    pub(crate) fn has_avx2() -> bool {
-        is_x86_feature_detected!("avx2")
-    }
-
-    pub(crate) fn has_avx512() -> bool {
-        is_x86_feature_detected!("avx512f") && has_f16c()
-    }
-
-    /// `vcvtph2ps`: exact, and sets a NaN's quiet bit like `half`.
+    /// float16 -> float32 (`vcvtph2ps`): exact, quiets NaNs like `half`.
     #[target_feature(enable = "avx2,f16c")]
     #[inline]
     fn widen8_f16(h: Narrow) -> Wide {
-        bytemuck::cast(_mm256_cvtph_ps(bytemuck::cast::<Narrow, __m128i>(h)))
+        avx2::lanes(avx2::load_f16(&bytemuck::cast(h)))
     }
 
-    /// `vcvtps2ph` rounding to nearest even (not the MXCSR mode).
+    /// float32 -> float16, rounding to nearest even.
     #[target_feature(enable = "avx2,f16c")]
     #[inline]
     fn narrow8_f16(x: Wide) -> Narrow {
-        bytemuck::cast(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
-            bytemuck::cast::<Wide, __m256>(x),
-        ))
+        let mut b = [0u8; 16];
+        avx2::store_f16(bytemuck::cast(x), &mut b);
+        bytemuck::cast(b)
     }
 
     /// bfloat16 -> float32, quieting NaNs (as `portable::bf16_to_f32_bits`).
     #[target_feature(enable = "avx2")]
     #[inline]
     fn widen8_bf16(h: Narrow) -> Wide {
-        let x = _mm256_cvtepu16_epi32(bytemuck::cast::<Narrow, __m128i>(h));
-        let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff));
-        let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f80));
-        let quiet = _mm256_or_si256(x, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040)));
-        bytemuck::cast(_mm256_slli_epi32::<16>(quiet))
+        avx2::lanes(avx2::load_bf16_quiet(&bytemuck::cast(h)))
     }
 
     /// bfloat16 -> float32 for the reduction only: a plain shift, which
@@ -649,82 +624,52 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2")]
     #[inline]
     fn widen8_bf16_for_fold(h: Narrow) -> Wide {
-        let x = _mm256_cvtepu16_epi32(bytemuck::cast::<Narrow, __m128i>(h));
-        bytemuck::cast(_mm256_slli_epi32::<16>(x))
+        avx2::lanes(avx2::load_bf16(&bytemuck::cast(h)))
     }
 
-    /// float32 -> bfloat16 as `portable::f32_to_bf16_bits`: add the rounding
-    /// bias `0x7fff + lsb` (round to nearest even) except for NaNs, which get
-    /// their quiet bit instead, then keep the top half.
+    /// float32 -> bfloat16 as `portable::f32_to_bf16_bits` (round to
+    /// nearest even, NaNs quieted).
     #[target_feature(enable = "avx2")]
     #[inline]
     fn narrow8_bf16(x: Wide) -> Narrow {
-        let v: __m256 = bytemuck::cast(x);
-        let x: __m256i = _mm256_castps_si256(v);
-        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
-        let bias = _mm256_andnot_si256(nan, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-        let quiet = _mm256_or_si256(x, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000)));
-        let top = _mm256_srli_epi32::<16>(_mm256_add_epi32(quiet, bias));
-        bytemuck::cast(_mm_packus_epi32(
-            _mm256_castsi256_si128(top),
-            _mm256_extracti128_si256::<1>(top),
-        ))
+        let mut b = [0u8; 16];
+        avx2::store_bf16(bytemuck::cast(x), &mut b);
+        bytemuck::cast(b)
     }
 
     /// float16 -> float32, 16 lanes.
     #[target_feature(enable = "avx512f,avx2,f16c")]
     #[inline]
     fn widen16_f16(h: [u16; 16]) -> [f32; 16] {
-        bytemuck::cast(_mm512_cvtph_ps(bytemuck::cast::<_, __m256i>(h)))
+        avx512::lanes(avx512::load_f16(&bytemuck::cast(h)))
     }
 
     /// float32 -> float16, 16 lanes, rounding to nearest even.
     #[target_feature(enable = "avx512f,avx2,f16c")]
     #[inline]
     fn narrow16_f16(x: [f32; 16]) -> [u16; 16] {
-        bytemuck::cast(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
-            bytemuck::cast::<_, __m512>(x),
-        ))
+        let mut b = [0u8; 32];
+        avx512::store_f16(bytemuck::cast(x), &mut b);
+        bytemuck::cast(b)
     }
 
-    /// bfloat16 -> float32 for the reduction (a plain shift, as
-    /// `widen8_bf16_for_fold`), 32 elements from one 64-byte load: the
-    /// even-indexed elements are the low halves of the 32-bit lanes (shifted
-    /// up), the odd ones the high halves (masked). The lane order does not
-    /// matter to an element-wise fold as long as `narrow32_bf16` undoes it.
+    /// bfloat16 -> float32 for the reduction (plain shifts, as
+    /// `widen8_bf16_for_fold`), 32 elements from one 64-byte load, in the
+    /// lane order of `avx512::load_bf16_pairs` (which `narrow32_bf16`
+    /// undoes; an element-wise fold does not see it).
     #[target_feature(enable = "avx512f,avx2")]
     #[inline]
     fn widen32_bf16_for_fold(h: [u16; 32]) -> [f32; 32] {
-        let x: __m512i = bytemuck::cast(h);
-        let even = _mm512_slli_epi32::<16>(x);
-        let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xffff_0000_u32 as i32));
-        bytemuck::cast([even, odd])
-    }
-
-    /// The bfloat16 rounding of `narrow8_bf16` on 16 lanes, leaving the
-    /// result in the high half of each 32-bit lane (the low half is junk).
-    #[target_feature(enable = "avx512f,avx2")]
-    #[inline]
-    fn round16_bf16_high(v: __m512) -> __m512i {
-        let x: __m512i = _mm512_castps_si512(v);
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
-        let rounded = _mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-        _mm512_mask_or_epi32(rounded, nan, x, _mm512_set1_epi32(0x0040_0000))
+        bytemuck::cast(avx512::load_bf16_pairs(&bytemuck::cast(h)))
     }
 
     /// Inverse of `widen32_bf16_for_fold`, rounding as `narrow8_bf16`.
     #[target_feature(enable = "avx512f,avx2")]
     #[inline]
     fn narrow32_bf16(x: [f32; 32]) -> [u16; 32] {
-        let [even, odd]: [__m512; 2] = bytemuck::cast(x);
-        let even = _mm512_srli_epi32::<16>(round16_bf16_high(even));
-        let odd = _mm512_and_si512(
-            round16_bf16_high(odd),
-            _mm512_set1_epi32(0xffff_0000_u32 as i32),
-        );
-        bytemuck::cast(_mm512_or_si512(even, odd))
+        let mut b = [0u8; 64];
+        avx512::store_bf16_pairs(bytemuck::cast(x), &mut b);
+        bytemuck::cast(b)
     }
 
     #[target_feature(enable = "avx512f,avx2,f16c")]
