@@ -82,9 +82,11 @@ class DiLoCo:
         backend). Default: the default group.
       backup_device (torch.device, optional): Where the global copy lives:
         None or ``"cpu"``.
-      pin_memory, use_bucketization, bucket_cap_mb: torchft's; accepted and
-        without effect (ringlet always averages one flat buffer per fragment
-        and dtype, in host memory).
+      pin_memory (bool): torchft's; accepted, without effect (the global
+        copy is in host memory).
+      use_bucketization (bool): torchft's; accepted, without effect (ringlet
+        always averages one flat buffer per fragment and dtype).
+      bucket_cap_mb (int, optional): torchft's; accepted, without effect.
       should_quantize (bool): Average 8-bit values (torchft's switch; same
         as ``quantization="int8"``). Default: False.
       fragment_sync_delay (int): Inner steps between the start of a
