@@ -31,8 +31,8 @@ import torch
 
 from .. import _core
 from .._engine import _DTYPE_NAMES
-from . import communication
-from .communication import BaguaProcessGroup
+from . import process_group
+from .process_group import BaguaProcessGroup
 from .tensor import (
     TensorModule,
     _get,
@@ -72,14 +72,14 @@ def get_flattened_tensor(tensors: list[torch.Tensor]) -> Optional[torch.Tensor]:
 def _default_group() -> BaguaProcessGroup:
     """The default process group; made over every rank on first use when
     ringlet was initialised without Bagua's ``init_process_group``."""
-    if not communication.is_initialized():
+    if not process_group.is_initialized():
         from .. import runtime
 
         runtime._require()
-        with communication._lock:
-            if communication._default_pg is None:
-                communication._default_pg = communication.new_group()
-    return communication._get_default_group()
+        with process_group._lock:
+            if process_group._default_pg is None:
+                process_group._default_pg = process_group.new_group()
+    return process_group._get_default_group()
 
 
 def _state_tensor(t: Any, what: str) -> torch.Tensor:
