@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 Index = tuple[int, ...]
 
@@ -77,6 +78,13 @@ def pieces(
         Piece(tuple(o + s for o, s in zip(offset, st)), sh, flat_start - a)
         for st, sh, flat_start in _flat_boxes(box, a, b)
     ]
+
+
+def shard_pieces(record: dict[str, Any]) -> list[Piece]:
+    """Pieces of a stored shard, from its index record (offset, local shape, flat range)."""
+    box = (1,) * record["prepend_axis_num"] + tuple(record["local_shape"])
+    flat = record["flattened_range"]
+    return pieces(record["global_offset"], box, None if flat is None else tuple(flat))
 
 
 def intersect(

@@ -4,14 +4,20 @@ Two kinds of mismatch exist. An *unexpected* key is requested by the state dict
 passed to ``load`` (on this rank) but absent from the checkpoint. A *missing*
 key is stored in the checkpoint but requested by no rank; finding those needs
 the requests of all ranks, hence a collective exchange.
+
+On save, the records of all ranks are checked to cover every global tensor and
+every ShardedObject grid exactly once (``validate_access_integrity``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from enum import Enum
+from typing import Any
 
+from . import _geometry as geo
 from .core import CheckpointingException
 
 __all__ = ["StrictHandling", "parse_strict_flag"]
@@ -149,3 +155,74 @@ def report_mismatch(missing_keys: set[str], unexpected_keys: set[str], raise_err
     if raise_error:
         raise CheckpointingException(message)
     logger.warning(message)
+
+
+def validate_tensor_coverage(key: str, entry: dict[str, Any]) -> None:
+    """Check that the main replicas of tensor ``key`` (its index entry) tile it exactly once.
+
+    Raises ``CheckpointingException`` naming the shard that lies outside the global
+    shape, the two shards that overlap, or the number of elements left uncovered.
+    """
+    global_shape = tuple(entry["global_shape"])
+    origin = (0,) * len(global_shape)
+    boxes: list[tuple[geo.Index, geo.Index]] = []
+    owners: list[dict[str, Any]] = []
+    total = 0
+    for shard in entry["shards"]:
+        for piece in geo.shard_pieces(shard):
+            if piece.numel == 0:
+                continue
+            start, stop = piece.start, piece.stop
+            if any(s < 0 for s in start) or any(e > g for e, g in zip(stop, global_shape)):
+                raise CheckpointingException(
+                    f"ShardedTensor {key!r}: shard at offset {shard['global_offset']} with local "
+                    "shape "
+                    f"{shard['local_shape']} (rank {shard['rank']}) lies outside global shape "
+                    f"{global_shape}"
+                )
+            boxes.append((start, stop))
+            owners.append(shard)
+            total += piece.numel
+    overlap = geo.find_overlap(boxes)
+    if overlap is not None:
+        a, b = (owners[i] for i in overlap)
+        raise CheckpointingException(
+            f"ShardedTensor {key!r}: shards overlap (offset {a['global_offset']} on rank "
+            f"{a['rank']} and "
+            f"offset {b['global_offset']} on rank {b['rank']}); each element needs exactly one "
+            "main replica"
+        )
+    expected = geo.volume(origin, global_shape)
+    if total != expected:
+        raise CheckpointingException(
+            f"ShardedTensor {key!r}: main replicas cover {total} of the {expected} elements of "
+            "global "
+            f"shape {global_shape}; some shards are missing (check replica_id and offsets)"
+        )
+
+
+def validate_object_coverage(objects: dict[str, dict[str, Any]]) -> None:
+    """Check that the saved cells of every ShardedObject key fill its grid exactly once.
+
+    ``objects`` maps unique keys to index records; raises ``CheckpointingException``
+    when ranks disagree on a grid, an offset lies outside it, or cells are missing.
+    """
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects.values():
+        by_key.setdefault(obj["key"], []).append(obj)
+    for key, cells in by_key.items():
+        shape = tuple(cells[0]["global_shape"])
+        if any(tuple(c["global_shape"]) != shape for c in cells):
+            raise CheckpointingException(
+                f"ShardedObject {key!r}: ranks disagree on the global shape"
+            )
+        if any(not 0 <= o < s for c in cells for o, s in zip(c["global_offset"], shape)):
+            raise CheckpointingException(
+                f"ShardedObject {key!r}: an offset lies outside global shape {shape}"
+            )
+        if len(cells) != math.prod(shape):
+            raise CheckpointingException(
+                f"ShardedObject {key!r}: {len(cells)} of {math.prod(shape)} cells of global "
+                f"shape {shape} "
+                "are saved; some shards are missing"
+            )
