@@ -232,17 +232,17 @@ def test_a_store_without_a_blocking_wait_is_polled() -> None:
 def test_poll_floor_follows_the_launchers_local_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """A small group's waits poll every 1 ms at most where the launcher says
     this machine has a CPU per local rank, else every 10 ms."""
-    from ringlet import runtime
+    from ringlet.core import store
 
-    monkeypatch.setattr(runtime, "_cores", lambda: 8)
+    monkeypatch.setattr(store, "cores", lambda: 8)
     for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    assert runtime._poll_floor() == 1e-2  # no launcher says: maybe crowded
+    assert store.poll_floor() == 1e-2  # no launcher says: maybe crowded
     for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.setenv(name, "8")
-        assert runtime._poll_floor() == 1e-3
+        assert store.poll_floor() == 1e-3
         monkeypatch.setenv(name, "9")
-        assert runtime._poll_floor() == 1e-2
+        assert store.poll_floor() == 1e-2
         monkeypatch.setenv(name, "many")  # not ours to reject: the safe default
-        assert runtime._poll_floor() == 1e-2
+        assert store.poll_floor() == 1e-2
         monkeypatch.delenv(name)
