@@ -43,8 +43,9 @@ _PRELOAD = ["torch", "torch.distributed", "pytest", "conftest"]
 _ENV_COMPLETE = "<the launching process's whole environment>"
 
 
-def _start_context() -> Any:
-    """The multiprocessing context ``launch`` starts ranks with: ``forkserver``
+def start_context() -> Any:
+    """The multiprocessing context ``launch`` starts ranks with (and tests that
+    start processes of their own): ``forkserver``
     with ``_PRELOAD`` imported in the server (started at the first launch, after
     the session's native Backend build), or ``spawn`` where RINGLET_TEST_START=spawn
     asks for fresh interpreters. Either way a rank gets the launching process's
@@ -72,7 +73,7 @@ def _worker(
 ) -> None:
     # ``env`` is the launching process's whole environment plus the launch's own
     # variables (marked complete): a rank forked from the preloaded server
-    # (``_start_context``) would otherwise see the server's environment, not the test's.
+    # (``start_context``) would otherwise see the server's environment, not the test's.
     if env.pop(_ENV_COMPLETE, None) is not None:
         for name in set(os.environ) - set(env):
             del os.environ[name]
@@ -120,7 +121,7 @@ def launch(
     ``{rank: result}``. Raises if any rank fails or the run outlives
     ``timeout`` (then every process is killed). Ranks in ``expect_dead`` may
     die without reporting."""
-    ctx = _start_context()
+    ctx = start_context()
     results = ctx.Queue()
     port = free_port()
     full_env = {

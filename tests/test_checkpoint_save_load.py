@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import ringlet.checkpoint.serialization as serialization
 from ringlet.checkpoint import (
@@ -41,6 +40,8 @@ from ringlet.checkpoint import (
     parse_strict_flag,
     save,
 )
+
+from conftest import start_context
 
 W = torch.arange(48, dtype=torch.float32).view(8, 6)
 
@@ -905,7 +906,7 @@ def _crash_child(target: str, phase: str) -> None:
 
 
 def test_killed_save_leaves_previous_checkpoint_loadable(tmp_path: pathlib.Path) -> None:
-    ctx = mp.get_context("spawn")
+    ctx = start_context()  # conftest: forked from a preloaded server
     phases = ["mid_write", "before_swap", "after_swap"]
     procs = []
     for phase in phases:
@@ -1062,7 +1063,7 @@ def _run_ranks(
 
     With ``crash`` ("rank:phase") only the victim is waited for; the others are killed.
     """
-    ctx = mp.get_context("spawn")
+    ctx = start_context()  # conftest: forked from a preloaded server
     phases = [(world, _free_port(), actions) for world, actions in phases]
     procs = [ctx.Process(target=_mp_entry, args=(r, phases)) for r in range(nprocs)]
     for p in procs:
