@@ -35,19 +35,29 @@ Differences from torch_xla worth knowing:
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import torch
 
-from .. import runtime
 from ..checkpoint.integration import LAYOUT_ATTR
-from ..checkpoint.mapping import ShardedTensor, ShardedTensorFactory
-from ..errors import ShardingSpecError
-from . import xla_model
+from ._redistribute import all_gather_shards, exchange, reshard_plan, run_plan
+from ._shard_checkpoint import checkpoint_mapping, grid_intervals
+from ._shard_layout import (
+    ShardIndexList,
+    as_spec,
+    axis_parts,
+    box_of,
+    check_mesh,
+    check_rank_of_spec,
+    normalize,
+    pad_local_shard,
+    padded_shard,
+    rank_world,
+    resolve_mesh,
+    xla_indices,
+)
 from .mesh import (
     Mesh,
     OpSharding,
@@ -56,10 +66,8 @@ from .mesh import (
     ShardIndices,
     ShardingType,
     _read_back_sharding_type,
-    all_shard_indices,
     get_1d_mesh,
     get_global_mesh,
-    normalize_partition_spec,
     shard_indices,
 )
 
@@ -80,95 +88,12 @@ __all__ = [
 # (the checkpoint layer finds the layout there).
 _PARAM_ATTR = LAYOUT_ATTR
 
-_Box = tuple[tuple[int, int], ...]
-
-#: ``XLAShard.indices``: ``...`` (replicated or 0-d) or one slice per dimension.
-ShardIndexList = Union[type(Ellipsis), list[slice]]
-
-
-def _rank_world() -> tuple[int, int]:
-    """(rank, world size); (0, 1) when ringlet is not initialised."""
-    if not runtime.is_initialized():
-        return 0, 1
-    return int(runtime.get_ordinal()), int(runtime.world_size())
-
-
-def _check_mesh(mesh: Any, what: str) -> Mesh:
-    rank, world = _rank_world()
-    if not isinstance(mesh, Mesh):
-        raise TypeError(f"rank {rank}: {what} needs a Mesh, got {type(mesh).__name__}")
-    if mesh.size() != world:
-        raise ShardingSpecError(
-            f"rank {rank}: {what}: mesh {tuple(mesh.mesh_shape)} has {mesh.size()} devices but "
-            f"the job has {world} ranks; every rank must be exactly one mesh device"
-        )
-    return mesh
-
-
-def _resolve_mesh(mesh: Mesh | None, what: str) -> Mesh:
-    if mesh is None:
-        mesh = get_global_mesh()
-        if mesh is None:
-            rank, _ = _rank_world()
-            raise ValueError(
-                f"rank {rank}: {what}: no mesh given and no global mesh set "
-                "(pass mesh= or call ringlet.sharding.set_global_mesh)"
-            )
-    return _check_mesh(mesh, what)
-
-
-def _as_spec(partition_spec: Any) -> tuple[Any, ...]:
-    if isinstance(partition_spec, list):
-        return tuple(partition_spec)
-    if not isinstance(partition_spec, tuple):
-        rank, _ = _rank_world()
-        raise TypeError(
-            f"rank {rank}: partition_spec must be a tuple, got {type(partition_spec).__name__} "
-            f"({partition_spec!r})"
-        )
-    return partition_spec
-
-
-def _check_rank_of_spec(spec: tuple[Any, ...], ndim: int) -> None:
-    if len(spec) != ndim:
-        rank, _ = _rank_world()
-        raise ShardingSpecError(
-            f"rank {rank}: partition spec length ({len(spec)}) should be equal to the input "
-            f"rank ({ndim}); got spec {spec!r}"
-        )
-
-
-def _normalize(mesh: Mesh, spec: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Validate a partition spec against ``mesh``; errors name the rank."""
-    try:
-        return normalize_partition_spec(mesh, spec)
-    except (ValueError, TypeError) as err:
-        raise type(err)(f"rank {_rank_world()[0]}: invalid partition spec: {err}") from err
-
-
-def _box(info: ShardIndices) -> _Box:
-    return tuple((s.start, s.stop) for s in info.indices)
-
-
-def _volume(box: _Box) -> int:
-    return math.prod(b - a for a, b in box)
-
-
-def _intersect(a: _Box, b: _Box) -> _Box | None:
-    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
-    return None if any(lo >= hi for lo, hi in out) else out
-
-
-def _xla_indices(slices: Sequence[slice], replicated: bool) -> ShardIndexList:
-    """torch_xla's form of shard indices: ``...`` or a list of step-1 slices."""
-    if replicated or len(slices) == 0:
-        return Ellipsis
-    return [slice(s.start, s.stop, 1) for s in slices]
-
-
-def _local_slices(box: _Box, origin: _Box) -> tuple[slice, ...]:
-    """Slices selecting the global ``box`` inside a shard whose data starts at ``origin``."""
-    return tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(box, origin))
+# The reshard's single data-movement function, looked up here at every reshard
+# (tests wrap it to count what travels).
+_exchange = exchange
+# The names these helpers had when they lived here.
+_reshard_plan = reshard_plan
+_grid_intervals = grid_intervals
 
 
 @dataclass
@@ -378,15 +303,15 @@ class XLAShardedTensor:
               global_shape: Sequence[int], manual: bool) -> None:
         if not isinstance(local_shard, torch.Tensor):
             raise TypeError(
-                f"rank {_rank_world()[0]}: a local shard must be a torch.Tensor, got "
+                f"rank {rank_world()[0]}: a local shard must be a torch.Tensor, got "
                 f"{type(local_shard).__name__}"
             )
-        self._mesh = _check_mesh(mesh, "sharded tensor")
-        spec = _as_spec(partition_spec)
-        self._rank = _rank_world()[0]
+        self._mesh = check_mesh(mesh, "sharded tensor")
+        spec = as_spec(partition_spec)
+        self._rank = rank_world()[0]
         shape = tuple(int(d) for d in global_shape)
-        _check_rank_of_spec(spec, len(shape))
-        self._norm_spec = _normalize(mesh, spec)
+        check_rank_of_spec(spec, len(shape))
+        self._norm_spec = normalize(mesh, spec)
         self._partition_spec = spec
         self._info = shard_indices(shape, mesh, spec, self._rank)
         self._manual = manual
@@ -443,7 +368,7 @@ class XLAShardedTensor:
         if isinstance(local, (list, tuple)):
             if len(local) != 1:
                 raise ValueError(
-                    f"rank {_rank_world()[0]}: expected this rank's single shard, got "
+                    f"rank {rank_world()[0]}: expected this rank's single shard, got "
                     f"{len(local)} shards"
                 )
             local = local[0]
@@ -451,29 +376,11 @@ class XLAShardedTensor:
             local = local.data
         if not isinstance(local, torch.Tensor):
             raise TypeError(
-                f"rank {_rank_world()[0]}: a local shard must be a torch.Tensor, got "
+                f"rank {rank_world()[0]}: a local shard must be a torch.Tensor, got "
                 f"{type(local).__name__}"
             )
-        spec = _as_spec(partition_spec)
-        _check_mesh(mesh, "from_local_shards")
-        _check_rank_of_spec(spec, local.dim())
-        norm = _normalize(mesh, spec)
-        if global_shape is None:
-            parts = [_parts(mesh, e) for e in norm]
-            global_shape = tuple(n * p for n, p in zip(local.shape, parts))
-        rank = _rank_world()[0]
-        info = shard_indices(tuple(global_shape), mesh, spec, rank)
-        shard = local.detach()
-        if tuple(shard.shape) != info.shard_shape:
-            if tuple(shard.shape) != info.unpadded_shape:
-                raise ValueError(
-                    f"rank {rank}: local shard has shape {tuple(shard.shape)}, but global shape "
-                    f"{tuple(global_shape)} under spec {spec!r} gives this rank the padded shape "
-                    f"{info.shard_shape} (unpadded {info.unpadded_shape})"
-                )
-            padded = shard.new_zeros(info.shard_shape)
-            padded[tuple(slice(0, n) for n in info.unpadded_shape)] = shard
-            shard = padded
+        spec = as_spec(partition_spec)
+        shard, global_shape = pad_local_shard(local, mesh, spec, global_shape)
         return cls(shard, mesh, spec, global_shape)
 
     @classmethod
@@ -483,10 +390,10 @@ class XLAShardedTensor:
         obj = cls.__new__(cls)
         full = tuple(local_shard.shape)
         # Pretend the shard is the whole tensor for the layout bookkeeping.
-        obj._init(local_shard, _check_mesh(mesh, "enable_manual_sharding"),
+        obj._init(local_shard, check_mesh(mesh, "enable_manual_sharding"),
                   (None,) * local_shard.dim(), full, manual=True)
-        obj._partition_spec = _as_spec(partition_spec)
-        obj._norm_spec = _normalize(mesh, obj._partition_spec)
+        obj._partition_spec = as_spec(partition_spec)
+        obj._norm_spec = normalize(mesh, obj._partition_spec)
         return obj
 
     # -- data ---------------------------------------------------------------------------------
@@ -660,9 +567,9 @@ class XLAShardedTensor:
         data = self._local()
         if self._manual:
             full = [slice(0, n) for n in data.shape]
-            return [XLAShard(data, _xla_indices(full, False), f"rank:{self._rank}", 0)]
+            return [XLAShard(data, xla_indices(full, False), f"rank:{self._rank}", 0)]
         replicated = self.sharding_type is ShardingType.REPLICATED
-        return [XLAShard(data, _xla_indices(self._info.indices, replicated),
+        return [XLAShard(data, xla_indices(self._info.indices, replicated),
                          f"rank:{self._rank}", self._info.replica_id)]
 
     @property
@@ -688,15 +595,7 @@ class XLAShardedTensor:
         data = self._local()
         if self._manual:
             return data
-        out = data
-        for dim, entry in enumerate(self._norm_spec):
-            axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-            if _parts(self._mesh, entry) == 1:
-                continue
-            out = xla_model.all_gather(out.contiguous(), dim=dim,
-                                         groups=self._mesh.groups_along(axes))
-        crop = out[tuple(slice(0, n) for n in self._global_shape)]
-        return crop.clone() if out is data else crop.contiguous()
+        return all_gather_shards(data, self._mesh, self._norm_spec, self._global_shape)
 
     def dim(self) -> int:
         """Number of dimensions of the global tensor.
@@ -765,13 +664,13 @@ class XLAShardedTensor:
                 f"rank {self._rank}: cannot reshard a MANUAL sharded tensor; call "
                 "disable_manual_sharding first"
             )
-        new_mesh = self._mesh if mesh is None else _check_mesh(mesh, "reshard")
-        spec = _as_spec(partition_spec)
-        _check_rank_of_spec(spec, self.ndim)
-        norm = _normalize(new_mesh, spec)
-        plan = _reshard_plan(tuple(self._global_shape), self._mesh, self._norm_spec, new_mesh,
-                             norm)
-        data = _run_plan(plan, self._local(), self._rank)
+        new_mesh = self._mesh if mesh is None else check_mesh(mesh, "reshard")
+        spec = as_spec(partition_spec)
+        check_rank_of_spec(spec, self.ndim)
+        norm = normalize(new_mesh, spec)
+        plan = reshard_plan(tuple(self._global_shape), self._mesh, self._norm_spec, new_mesh,
+                            norm)
+        data = run_plan(plan, self._local(), self._rank, _exchange)
         out = XLAShardedTensor(data, new_mesh, spec, self._global_shape)
         if self._param is not None:
             out._bind(self._param)
@@ -812,179 +711,10 @@ class XLAShardedTensor:
                 "call disable_manual_sharding first"
             )
         shard = self.local_shards[0]
-        region = shard.unpadded_data
-        box = _box(self._info)
-        gshape = tuple(self._global_shape)
-        parts = [_parts(self._mesh, e) for e in self._norm_spec]
-        even = all(n % p == 0 for n, p in zip(gshape, parts))
-        common = {"replica_id": shard.replica_id, "allow_shape_mismatch": allow_shape_mismatch}
-
-        def piece(sub: _Box, fragm: tuple[int, ...] | None) -> ShardedTensor:
-            view = region[_local_slices(sub, box)]
-            return ShardedTensor(key, view, view.dtype, tuple(view.shape), gshape,
-                                 tuple(lo for lo, _ in sub), fragm, **common)
-
-        pieces = _grid_pieces(box)
-        if len(pieces) == 1:
-            return piece(pieces[0], tuple(parts) if even else None)
-
-        def build(k: str, data: torch.Tensor, replica_id: Any, flattened_range: Any) -> Any:
-            return {str(i): piece(sub, None) for i, sub in enumerate(pieces)}
-
-        def merge(loaded: dict[str, torch.Tensor]) -> torch.Tensor:
-            for i, sub in enumerate(pieces):
-                dst = region[_local_slices(sub, box)]
-                src = loaded[str(i)]
-                if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
-                    dst.copy_(src)
-            return region
-
-        return ShardedTensorFactory(key, region, build, merge, shard.replica_id)
-
-
-def _parts(mesh: Mesh, entry: Any) -> int:
-    if entry is None:
-        return 1
-    axes = entry if isinstance(entry, tuple) else (entry,)
-    return math.prod(mesh.mesh_shape[a] for a in axes)
-
-
-def _largest_divisor_at_most(n: int, limit: int) -> int:
-    best = 1
-    i = 1
-    while i * i <= n:
-        if n % i == 0:
-            for d in (i, n // i):
-                if best < d <= limit:
-                    best = d
-        i += 1
-    return best
-
-
-def _grid_intervals(start: int, stop: int) -> list[tuple[int, int]]:
-    """Split ``[start, stop)`` into intervals whose start is a multiple of their length."""
-    if stop <= start:
-        return [(start, stop)]
-    out = []
-    o = start
-    while o < stop:
-        size = stop - o if o == 0 else _largest_divisor_at_most(o, stop - o)
-        out.append((o, o + size))
-        o += size
-    return out
-
-
-def _grid_pieces(box: _Box) -> list[_Box]:
-    """Cover a box with boxes whose offsets are multiples of their sizes (checkpoint grid)."""
-    pieces: list[_Box] = [()]
-    for lo, hi in box:
-        pieces = [(*p, iv) for p in pieces for iv in _grid_intervals(lo, hi)]
-    return pieces
-
-
-# -- resharding plan ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Transfer:
-    src: int
-    dst: int
-    box: _Box
-
-
-@dataclass(frozen=True)
-class _ReshardPlan:
-    """Who sends which global box to whom; identical on every rank."""
-
-    src: tuple[ShardIndices, ...]
-    dst: tuple[ShardIndices, ...]
-    transfers: tuple[_Transfer, ...]
-    remote: bool  # whether any piece crosses ranks
-
-    def moved_elements(self) -> int:
-        return sum(_volume(t.box) for t in self.transfers if t.src != t.dst)
-
-
-@functools.lru_cache(maxsize=256)
-def _reshard_plan(shape: tuple[int, ...], src_mesh: Mesh, src_spec: tuple[Any, ...],
-                  dst_mesh: Mesh, dst_spec: tuple[Any, ...]) -> _ReshardPlan:
-    src = all_shard_indices(shape, src_mesh, src_spec)
-    dst = all_shard_indices(shape, dst_mesh, dst_spec)
-    # Distinct stored tiles, each with the ranks holding it (its replicas).
-    tiles: dict[_Box, list[int]] = {}
-    for info in src:
-        box = _box(info)
-        if _volume(box) > 0:
-            tiles.setdefault(box, []).append(info.rank)
-    transfers: list[_Transfer] = []
-    for d, info in enumerate(dst):
-        need = _box(info)
-        if _volume(need) == 0:
-            continue
-        for tile, holders in tiles.items():
-            overlap = _intersect(tile, need)
-            if overlap is None:
-                continue
-            source = d if d in holders else holders[d % len(holders)]
-            transfers.append(_Transfer(source, d, overlap))
-    remote = any(t.src != t.dst for t in transfers)
-    return _ReshardPlan(tuple(src), tuple(dst), tuple(transfers), remote)
-
-
-def _run_plan(plan: _ReshardPlan, data: torch.Tensor, me: int) -> torch.Tensor:
-    """Execute ``plan`` on this rank: returns the new padded shard."""
-    src_origin = _box(plan.src[me])
-    dst_origin = _box(plan.dst[me])
-    out = data.new_zeros(plan.dst[me].shard_shape)
-    n = len(plan.src)
-    outgoing: list[list[_Box]] = [[] for _ in range(n)]
-    incoming: list[list[_Box]] = [[] for _ in range(n)]
-    for t in plan.transfers:
-        if t.src == me and t.dst == me:
-            out[_local_slices(t.box, dst_origin)] = data[_local_slices(t.box, src_origin)]
-        elif t.src == me:
-            outgoing[t.dst].append(t.box)
-        elif t.dst == me:
-            incoming[t.src].append(t.box)
-    if not plan.remote:
-        return out
-    empty = data.new_empty(0)
-    send = [
-        torch.cat([data[_local_slices(b, src_origin)].reshape(-1) for b in boxes])
-        if boxes else empty
-        for boxes in outgoing
-    ]
-    recv = [data.new_empty(sum(_volume(b) for b in boxes)) for boxes in incoming]
-    _exchange(send, recv)
-    for boxes, flat in zip(incoming, recv):
-        offset = 0
-        for b in boxes:
-            region = out[_local_slices(b, dst_origin)]
-            k = _volume(b)
-            region.copy_(flat[offset:offset + k].view(region.shape))
-            offset += k
-    return out
-
-
-def _as_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8)
-
-
-def _exchange(send: list[torch.Tensor], recv: list[torch.Tensor]) -> None:
-    """All-to-all of 1-D tensors: ``send[j]`` goes to rank ``j``, ``recv[i]`` comes from rank ``i``.
-
-    Both sides must agree on every size (the engine's ``all_to_all_v`` checks
-    it on every rank); only the bytes each rank needs travel.
-    """
-    rank, world = _rank_world()
-    if len(send) != world or len(recv) != world:
-        raise ValueError(
-            f"rank {rank}: _exchange needs one send and one recv tensor per rank ({world}), got "
-            f"{len(send)} and {len(recv)}"
-        )
-    xla_model.all_to_all_v(
-        [_as_bytes(s) for s in send], [r.view(-1).view(torch.uint8) for r in recv]
-    )
+        parts = [axis_parts(self._mesh, e) for e in self._norm_spec]
+        return checkpoint_mapping(key, shard.unpadded_data, box_of(self._info),
+                                  tuple(self._global_shape), parts, shard.replica_id,
+                                  allow_shape_mismatch)
 
 
 # -- the torch_xla-style functions -------------------------------------------------------------
@@ -994,15 +724,7 @@ ShardableTensor = Union[torch.Tensor, XLAShardedTensor]
 
 
 def _shard_full(t: torch.Tensor, mesh: Mesh, spec: tuple[Any, ...]) -> XLAShardedTensor:
-    # torch_xla's order: the spec's length is asserted before its entries are read.
-    _check_rank_of_spec(spec, t.dim())
-    _normalize(mesh, spec)
-    rank = _rank_world()[0]
-    local = t.detach()
-    info = shard_indices(tuple(local.shape), mesh, spec, rank)
-    shard = local.new_zeros(info.shard_shape)
-    shard[tuple(slice(0, n) for n in info.unpadded_shape)] = local[info.indices]
-    return XLAShardedTensor(shard, mesh, spec, tuple(local.shape))
+    return XLAShardedTensor(padded_shard(t, mesh, spec), mesh, spec, tuple(t.shape))
 
 
 def mark_sharding(t: ShardableTensor, mesh: Mesh, partition_spec: PartitionSpec, *,
@@ -1051,18 +773,18 @@ def mark_sharding(t: ShardableTensor, mesh: Mesh, partition_spec: PartitionSpec,
         >>> linear.weight.shape                                  # sharded in place
         torch.Size([5, 32])
     """
-    _check_mesh(mesh, "mark_sharding")
-    spec = _as_spec(partition_spec)
+    check_mesh(mesh, "mark_sharding")
+    spec = as_spec(partition_spec)
     if isinstance(t, XLAShardedTensor):
         if from_local_shards:
             raise ValueError(
-                f"rank {_rank_world()[0]}: from_local_shards=True needs a torch.Tensor shard, "
+                f"rank {rank_world()[0]}: from_local_shards=True needs a torch.Tensor shard, "
                 "got an XLAShardedTensor"
             )
         return t.reshard(spec, mesh)
     if not isinstance(t, torch.Tensor):
         raise TypeError(
-            f"rank {_rank_world()[0]}: mark_sharding needs a torch.Tensor or XLAShardedTensor, "
+            f"rank {rank_world()[0]}: mark_sharding needs a torch.Tensor or XLAShardedTensor, "
             f"got {type(t).__name__}"
         )
     existing = getattr(t, _PARAM_ATTR, None)
@@ -1138,11 +860,11 @@ def wrap_as_sharded_tensor(t: ShardableTensor) -> XLAShardedTensor:
         return existing
     if not isinstance(t, torch.Tensor):
         raise TypeError(
-            f"rank {_rank_world()[0]}: wrap_as_sharded_tensor needs a tensor, got "
+            f"rank {rank_world()[0]}: wrap_as_sharded_tensor needs a tensor, got "
             f"{type(t).__name__}"
         )
     mesh = get_global_mesh()
-    if mesh is None or mesh.size() != _rank_world()[1]:
+    if mesh is None or mesh.size() != rank_world()[1]:
         mesh = get_1d_mesh()
     out = XLAShardedTensor(t.detach(), mesh, (None,) * t.dim(), tuple(t.shape))
     out._wrapped = t
@@ -1215,8 +937,8 @@ def enable_manual_sharding(t: ShardableTensor, partition_spec: PartitionSpec, *,
         >>> m.global_tensor                                                 # rank 1
         tensor([4., 5., 6., 7.])
     """
-    mesh = _resolve_mesh(mesh, "enable_manual_sharding")
-    spec = _as_spec(partition_spec)
+    mesh = resolve_mesh(mesh, "enable_manual_sharding")
+    spec = as_spec(partition_spec)
     if isinstance(t, XLAShardedTensor):
         sharded = t.reshard(spec, mesh) if (t._mesh, t._partition_spec) != (mesh, spec) else t
         local = sharded._local()
@@ -1252,7 +974,7 @@ def disable_manual_sharding(t: ShardableTensor, partition_spec: PartitionSpec,
         >>> torch.equal(y.global_tensor, x * 2)
         True
     """
-    mesh = _resolve_mesh(mesh, "disable_manual_sharding")
+    mesh = resolve_mesh(mesh, "disable_manual_sharding")
     if isinstance(t, XLAShardedTensor) and t._manual:
         local = t._local()
     else:
