@@ -8,14 +8,9 @@ from typing import Any, Optional
 
 import torch
 
-from .. import _core
-from .._engine import _DTYPE_NAMES
+from ..core import engine
 
 _CODECS = {None: None, "int8": "MinMaxUInt8", "int4": "MinMaxUInt4"}
-
-
-def _spans(params: list[torch.Tensor]) -> list[tuple[int, int]]:
-    return [(p.data_ptr(), p.numel() * p.element_size()) for p in params]
 
 
 class FlatBucket:
@@ -31,10 +26,10 @@ class FlatBucket:
             if p.device.type != "cpu" or not p.is_contiguous():
                 raise ValueError(f"{what}: ringlet averages contiguous CPU parameters; got one "
                                  f"of shape {tuple(p.shape)} on {p.device}")
-        if self.dtype not in _DTYPE_NAMES or not self.dtype.is_floating_point:
+        if self.dtype not in engine.DTYPE_NAMES or not self.dtype.is_floating_point:
             raise TypeError(f"{what}: parameters of {self.dtype} cannot be averaged (float32, "
                             "float64, float16 and bfloat16 can)")
-        self.name = _DTYPE_NAMES[self.dtype]
+        self.name = engine.DTYPE_NAMES[self.dtype]
         self.numel = sum(p.numel() for p in params)
         self.nbytes = self.numel * p0.element_size()
         device = torch.device(backup_device) if backup_device is not None else None
@@ -54,11 +49,8 @@ class FlatBucket:
 
     def connect(self, comms: Any, quantization: Optional[str], error_feedback: bool) -> None:
         """(Re)creates the engine's average over ``comms``."""
-        self.sync = _core.OuterSync(
-            comms, self.name, (self.pseudo.data_ptr(), self.nbytes, self.pseudo),
-            (self.avg.data_ptr(), self.nbytes, self.avg),
-            _CODECS[quantization], error_feedback,
-        )
+        self.sync = engine.outer_sync(comms, self.pseudo, self.avg, _CODECS[quantization],
+                                      error_feedback)
 
     def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
         """The piece of ``flat`` that parameter ``i`` maps to, shaped like it."""
@@ -67,22 +59,21 @@ class FlatBucket:
 
     def save(self) -> None:
         """The parameters into the global copy."""
-        _core.flat_gather(_spans(self.params), (self.glob.data_ptr(), self.nbytes))
+        engine.gather(self.params, self.glob)
 
     def restore(self) -> None:
         """The global copy into the parameters."""
-        _core.flat_scatter((self.glob.data_ptr(), self.nbytes), _spans(self.params))
+        engine.scatter(self.glob, self.params)
 
     def keep_local(self) -> None:
         """The parameters into the local copy (for the merge)."""
         if self.local is None:
             self.local = torch.empty(self.numel, dtype=self.dtype)
-        _core.flat_gather(_spans(self.params), (self.local.data_ptr(), self.nbytes))
+        engine.gather(self.params, self.local)
 
     def pseudo_gradient(self) -> None:
         """``pseudo = global - parameters``."""
-        _core.pseudo_gradient((self.glob.data_ptr(), self.nbytes), _spans(self.params),
-                              (self.pseudo.data_ptr(), self.nbytes), self.name)
+        engine.pseudo_gradient(self.glob, self.params, self.pseudo)
 
     def close(self) -> None:
         if self.sync is not None:

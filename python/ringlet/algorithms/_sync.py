@@ -11,6 +11,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ..core import engine
 from ._flat import FlatBucket
 from ._replicas import Replicas, lost_replica
 
@@ -70,9 +71,9 @@ class OuterAverage:
         if self.replicas.size == 1:
             return
         for b in self.buckets:
-            self.replicas.flat.broadcast(b.glob.data_ptr(), b.nbytes, b.name, root)
+            engine.broadcast(self.replicas.flat, b.glob, root)
             if avg:
-                self.replicas.flat.broadcast(b.avg.data_ptr(), b.nbytes, b.name, root)
+                engine.broadcast(self.replicas.flat, b.avg, root)
 
     def broadcast_object(self, obj: Any, root: int) -> Any:
         """``obj`` of replica ``root`` (an index), on every replica (pickled
@@ -87,10 +88,10 @@ class OuterAverage:
             size = torch.tensor([data.numel()], dtype=torch.int64)
         else:
             size = torch.zeros(1, dtype=torch.int64)
-        flat.broadcast(size.data_ptr(), 8, "int64", root)
+        engine.broadcast(flat, size, root)
         if self.replicas.index != root:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
-        flat.broadcast(data.data_ptr(), data.numel(), "uint8", root)
+        engine.broadcast(flat, data, root)
         return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
 
     def start(self, buckets: list[FlatBucket]) -> None:
@@ -109,7 +110,7 @@ class OuterAverage:
                 # one-element all-reduce every replica reaches only after
                 # its averages succeeded (a lost replica fails it for all).
                 if self.replicas.size > 1:
-                    self.replicas.flat.all_reduce(self._flag.data_ptr(), 4, "int32", "sum")
+                    engine.all_reduce(self.replicas.flat, self._flag)
                 return
             except Exception as e:
                 if not lost_replica(e):

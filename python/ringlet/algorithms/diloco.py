@@ -10,6 +10,7 @@ import torch
 from torch import nn, optim
 from torch.utils.hooks import RemovableHandle
 
+from ..core import engine
 from ._flat import FlatBucket
 from ._sync import QUANTIZATIONS, OuterAverage, buckets_of, covered, logger, unique_params
 
@@ -205,8 +206,8 @@ class DiLoCo:
                                      "fragments must hold disjoint parameters")
                 owner[id(p)] = f.index
                 if p.numel():
-                    start = p.data_ptr()
-                    spans.append((start, start + p.numel() * p.element_size(), f.index))
+                    start, size = engine.span(p)
+                    spans.append((start, start + size, f.index))
         spans.sort()
         for (_s0, e0, f0), (s1, _, f1) in zip(spans, spans[1:]):
             if s1 < e0:
@@ -245,7 +246,7 @@ class DiLoCo:
             return
         flags = torch.zeros(reps.size, dtype=torch.int32)
         flags[reps.index] = int(self._loaded)
-        reps.flat.all_reduce(flags.data_ptr(), flags.numel() * 4, "int32", "sum")
+        engine.all_reduce(reps.flat, flags)
         have = [i for i, f in enumerate(flags.tolist()) if f]
         if not have or len(have) == reps.size:
             return

@@ -9,8 +9,7 @@ import torch
 from torch import nn, optim
 from torch.utils.hooks import RemovableHandle
 
-from .. import _core
-from ._flat import _spans
+from ..core import engine
 from ._sync import ArgumentError, OuterAverage, buckets_of, unique_params
 
 __all__ = ["LocalSGD"]
@@ -90,11 +89,11 @@ class LocalSGD:
           >>> local_sgd.sync()
         """
         for b in self._buckets:
-            _core.flat_gather(_spans(b.params), (b.pseudo.data_ptr(), b.nbytes))
+            engine.gather(b.params, b.pseudo)
         self._outer.start(self._buckets)
         self._outer.finish(self._buckets)
         for b in self._buckets:
-            _core.flat_scatter((b.avg.data_ptr(), b.nbytes), _spans(b.params))
+            engine.scatter(b.avg, b.params)
         self._local_step = 0
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from .. import _core
 from .._engine import _DTYPE_NAMES
-from ..core import connect_members, local_address
+from ..core import connect_members, engine, local_address
 
 __all__ = ["ByteGradState", "bytegrad_hook"]
 
@@ -150,7 +150,7 @@ class ByteGradState:
                 return
             buf, key, fut = item
             try:
-                self.op.apply(buf.data_ptr(), buf.nbytes, _DTYPE_NAMES[buf.dtype], key)
+                engine.apply(self.op, buf, key)
                 fut.set_result(buf)
             except BaseException as e:  # handed to DDP, which raises it in backward
                 fut.set_exception(e)
