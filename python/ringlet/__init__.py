@@ -15,17 +15,9 @@ Example:
   >>> ringlet.all_reduce(ringlet.REDUCE_SUM, torch.ones(3))
 """
 
-from . import _core, bagua, distributed, ops, xla
+from typing import Any
 
-# The modules' import paths from before the door sub-packages, bound here as they
-# were: each is the same module object as its new home (ringlet.c10d is
-# ringlet.distributed.c10d, ringlet.collectives is ringlet.xla.xla_model, ...).
-from . import _native as _native
-from . import c10d as c10d
-from . import collectives as collectives
-from . import comm_hooks as comm_hooks
-from . import ddp as ddp
-from . import tensor as tensor
+from . import _core, _legacy, bagua, distributed, ops, xla
 from .bagua.ddp import DistributedDataParallel
 from .errors import (
     CollectiveMismatchError,
@@ -111,14 +103,25 @@ from .xla.xla_model import (
 
 __version__ = _core.__version__
 
-c10d.register()  # init_process_group("ringlet")
+distributed.c10d.register()  # init_process_group("ringlet")
+
+# The modules' import paths from before the door sub-packages (ringlet.c10d,
+# ringlet.sharding, ringlet.tensor, ...): one table in ringlet._legacy, each the
+# home module itself, with a DeprecationWarning naming the new path.
+_legacy.install()
+
+
+def __getattr__(name: str) -> Any:
+    """``ringlet.c10d`` and the other old paths as attributes (deprecated: see
+    :mod:`ringlet._legacy`)."""
+    return _legacy.attribute(__name__, name)
+
 
 __all__ = [
     "abort",
     "bagua",
     "distributed",
     "xla",
-    "comm_hooks",
     "ops",
     "CoalescingBuckets",
     "CollectiveMismatchError",
@@ -181,7 +184,6 @@ __all__ = [
     "set_rng_state",
     "peer_transports",
     "shutdown",
-    "tensor",
     "transport",
     "unlazy",
     "wait_device_ops",

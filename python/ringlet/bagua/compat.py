@@ -320,9 +320,10 @@ def _install_process_group_patch() -> None:
 
 _install_process_group_patch()
 
-# Bagua's submodules under this module's names (both of them), so
-# ``from ringlet.compat.bagua.algorithms.q_adam import QAdamOptimizer``
-# finds ringlet's modules.
+# Bagua's submodules under this module's name (``bagua.torch_api``'s layout), so
+# ``from ringlet.bagua.compat.algorithms.q_adam import QAdamOptimizer``
+# finds ringlet's modules (the old ``ringlet.compat.bagua.<sub>`` paths reach
+# them through ringlet._legacy).
 _SUBMODULES = {
     "algorithms": algorithms,
     "algorithms.base": algorithms.base,
@@ -350,11 +351,11 @@ _SUBMODULES = {
     "tensor": tensor,
     "utils": utils,
 }
-_PUBLIC = "ringlet.compat.bagua"
-_HOMES = ("ringlet.bagua.compat", _PUBLIC)
-for _home in _HOMES:
-    for _rel, _mod in _SUBMODULES.items():
-        sys.modules.setdefault(f"{_home}.{_rel}", _mod)
+_PUBLIC = "ringlet.bagua.compat"
+for _rel, _mod in _SUBMODULES.items():
+    sys.modules.setdefault(f"{_PUBLIC}.{_rel}", _mod)
+# The deprecated path (ringlet._legacy's table) names the same modules.
+_HOMES = (_PUBLIC, "ringlet.compat.bagua")
 
 # -- Bagua's parts ringlet does not provide ---------------------------------------
 
@@ -386,7 +387,6 @@ _NOT_PROVIDED: dict[str, tuple[str, str]] = {
 # Where the import system looks for these names when a from-import names a
 # submodule of a module (it uses the module's own __name__).
 _ALIASES = {
-    "ringlet.bagua.compat": _PUBLIC,
     "ringlet.bagua.contrib": f"{_PUBLIC}.contrib",
     "ringlet.bagua.data_parallel": f"{_PUBLIC}.data_parallel",
 }

@@ -389,7 +389,7 @@ def main(argv: Optional[list[str]] = None) -> int:
       >>> main(["--ops", "300", "--transports", "tcp"])
       0
     """
-    ap = argparse.ArgumentParser(prog="python -m ringlet.soak", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m ringlet.bench.soak", description=__doc__)
     ap.add_argument("--ops", type=int, default=int(os.environ.get("RINGLET_SOAK_OPS", 10_000)))
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--transports", default="shm,tcp")

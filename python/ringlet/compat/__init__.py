@@ -1,5 +1,14 @@
-"""Compatibility layers for code written against other libraries' APIs.
+"""Deprecated: ``ringlet.compat.bagua`` is :mod:`ringlet.bagua.compat`.
 
-``import ringlet.compat.bagua`` installs Bagua's tensor API names
-(``ensure_bagua_tensor``, ``bagua_getter_closure``, ...) on ``torch.Tensor``.
+The old path still imports (through :mod:`ringlet._legacy`, with a
+``DeprecationWarning``) until ringlet 0.3; this package holds nothing else.
 """
+
+from typing import Any
+
+from .. import _legacy
+
+
+def __getattr__(name: str) -> Any:
+    """``ringlet.compat.bagua`` as an attribute (deprecated)."""
+    return _legacy.attribute(__name__, name)
