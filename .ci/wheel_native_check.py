@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 
 def native() -> None:
-    from ringlet import _native
-    from ringlet.c10d import backend_kind
+    from ringlet.distributed import _native
+    from ringlet.distributed.c10d import backend_kind
 
     dist.init_process_group("ringlet")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -69,8 +69,8 @@ def native() -> None:
 
 
 def fallback(cache: str) -> None:
-    from ringlet import _native
-    from ringlet.c10d import backend_kind
+    from ringlet.distributed import _native
+    from ringlet.distributed.c10d import backend_kind
 
     _native._torch_version = lambda: "2.12.0+cpu"  # a torch the wheel has no library for
     said: list[str] = []

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ringlet
-from ringlet.sharding import Mesh, XLAShardedTensor, mark_sharding, wrap_if_sharded
+from ringlet.xla.sharding import Mesh, XLAShardedTensor, mark_sharding, wrap_if_sharded
 
 IN_FEATURES, OUT_FEATURES, BATCH = 16, 8, 12
 

@@ -22,7 +22,7 @@ def _native_backend_built() -> None:
     first-use compile (about 30 s) inside a test's timeout. Where it
     cannot be built, process groups fall back to the Python ProcessGroup and
     the native tests skip with the reason."""
-    from ringlet import _native
+    from ringlet.distributed import _native
 
     _native.build()
 

@@ -50,9 +50,9 @@ def host_bytegrad(layout: list[int]):  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    import ringlet.compat.bagua as bagua
-    from ringlet.compat.bagua.algorithms import bytegrad
-    from ringlet.compat.bagua.algorithms import decentralized as dec
+    import ringlet.bagua.compat as bagua
+    from ringlet.bagua.compat.algorithms import bytegrad
+    from ringlet.bagua.compat.algorithms import decentralized as dec
 
     torch.set_num_threads(1)
     bagua.init_process_group()

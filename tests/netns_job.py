@@ -120,7 +120,7 @@ def check_c10d(r: int, n: int) -> list[list[int]] | None:
             want = torch.cat([torch.arange(r * count, (r + 1) * count, dtype=torch.float64)
                               + 1000 * q for q in range(n)])
             assert torch.equal(y, want)
-    from ringlet.c10d import python_group
+    from ringlet.distributed.c10d import python_group
 
     layout = python_group()._comm.host_layout()
     dist.destroy_process_group()

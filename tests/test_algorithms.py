@@ -1,4 +1,4 @@
-"""Bagua's algorithms on ringlet (``ringlet.compat.bagua``), on real
+"""Bagua's algorithms on ringlet (``ringlet.bagua.compat``), on real
 processes, against plain-torch references of Bagua's semantics
 (``_bagua_reference``: every rank simulates every replica of the job and
 compares its own weights with its replica's): gradient all-reduce,
@@ -42,7 +42,7 @@ def _init(rank: int, world: int, port: int) -> Any:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))
-    import ringlet.compat.bagua as bagua
+    import ringlet.bagua.compat as bagua
 
     bagua.init_process_group()
     return bagua
@@ -84,12 +84,12 @@ def _same_everywhere(bagua: Any, ws: list[torch.Tensor]) -> None:
 
 def algorithms_job(rank: int, world: int, port: int) -> dict[str, Any]:
     bagua = _init(rank, world, port)
-    from ringlet.compat.bagua.algorithms import (
+    from ringlet.bagua.compat.algorithms import (
         bytegrad,
         gradient_allreduce,
         q_adam,
     )
-    from ringlet.compat.bagua.algorithms import (
+    from ringlet.bagua.compat.algorithms import (
         decentralized as dec,
     )
 
@@ -288,18 +288,18 @@ def api_job(rank: int, world: int, port: int) -> dict[str, Any]:
     every bad input, on 4 ranks."""
     bagua = _init(rank, world, port)
     import ringlet
-    from ringlet.compat.bagua.algorithms import (
+    from ringlet.bagua.compat.algorithms import (
         Algorithm,
         AlgorithmImpl,
         async_model_average,
         bytegrad,
         gradient_allreduce,
     )
-    from ringlet.compat.bagua.algorithms import (
+    from ringlet.bagua.compat.algorithms import (
         decentralized as dec,
     )
-    from ringlet.compat.bagua.bucket import BaguaBucket, register_ordered_buckets
-    from ringlet.compat.bagua.communication import _rank_not_in_group, new_group
+    from ringlet.bagua.compat.bucket import BaguaBucket, register_ordered_buckets
+    from ringlet.bagua.compat.communication import _rank_not_in_group, new_group
 
     out: dict[str, Any] = {}
 
@@ -348,7 +348,7 @@ def api_job(rank: int, world: int, port: int) -> dict[str, Any]:
     # A torch.distributed group's Bagua twin (Bagua's test_from_torch_group).
     import torch.distributed as dist
 
-    from ringlet.compat.bagua.communication import from_torch_group
+    from ringlet.bagua.compat.communication import from_torch_group
 
     for members in ([1], [0, 2]):
         tg = dist.new_group(members)
@@ -421,7 +421,7 @@ def api_job(rank: int, world: int, port: int) -> dict[str, Any]:
 
     # One asynchronous round driven by marking the bucket ready (Bagua's op):
     # w += sum / n - w_at_start, exactly.
-    from ringlet.compat.bagua import tensor as tensor_api
+    from ringlet.bagua.compat import tensor as tensor_api
 
     w = torch.arange(6, dtype=torch.float32) * (rank + 1) + rank
     start = w.clone()
@@ -484,13 +484,13 @@ def digits_job(rank: int, world: int, port: int) -> dict[str, float]:
     from sklearn.datasets import load_digits
 
     bagua = _init(rank, world, port)
-    from ringlet.compat.bagua.algorithms import (
+    from ringlet.bagua.compat.algorithms import (
         async_model_average,
         bytegrad,
         gradient_allreduce,
         q_adam,
     )
-    from ringlet.compat.bagua.algorithms import (
+    from ringlet.bagua.compat.algorithms import (
         decentralized as dec,
     )
 
@@ -561,7 +561,7 @@ def async_dead_rank_job(rank: int, world: int, port: int) -> dict[str, Any]:
 
     bagua = _init(rank, world, port)
     import ringlet
-    from ringlet.compat.bagua.algorithms import async_model_average
+    from ringlet.bagua.compat.algorithms import async_model_average
 
     model, opt = _wrap(bagua, rank, async_model_average.AsyncModelAverageAlgorithm(
         sync_interval_ms=1))

@@ -1,4 +1,4 @@
-"""Bagua's last gaps on ringlet (``ringlet.compat.bagua``), under Bagua's own
+"""Bagua's last gaps on ringlet (``ringlet.bagua.compat``), under Bagua's own
 usage: ``alltoall_v`` with Bagua's n + 1 displacements, ``abort`` /
 ``resume`` given the ``data_parallel.DistributedDataParallel`` wrapper, the
 names ``BaguaTensor``, ``BaguaModule``, ``data_parallel.distributed`` /
@@ -87,8 +87,8 @@ def gaps_job(rank: int, world: int, port: int, port2: int) -> dict[str, Any]:
     )
     import torch.distributed as dist
 
-    import ringlet.compat.bagua as bagua
-    from ringlet.compat.bagua.algorithms import async_model_average, gradient_allreduce
+    import ringlet.bagua.compat as bagua
+    from ringlet.bagua.compat.algorithms import async_model_average, gradient_allreduce
 
     bagua.init_process_group()
     out: dict[str, Any] = {}
@@ -155,9 +155,9 @@ def gaps_job(rank: int, world: int, port: int, port2: int) -> dict[str, Any]:
 
     # 3. The names: BaguaModule, data_parallel.distributed / bagua_distributed,
     # get_backend(name).register_ordered_buckets, ProcessGroup.bagua_patch.
-    from ringlet.compat.bagua.data_parallel.bagua_distributed import BaguaDistributedDataParallel
-    from ringlet.compat.bagua.data_parallel.distributed import DistributedDataParallel
-    from ringlet.compat.bagua.distributed import BaguaModule
+    from ringlet.bagua.compat.data_parallel.bagua_distributed import BaguaDistributedDataParallel
+    from ringlet.bagua.compat.data_parallel.distributed import DistributedDataParallel
+    from ringlet.bagua.compat.distributed import BaguaModule
 
     assert DistributedDataParallel is bagua.data_parallel.DistributedDataParallel
     assert isinstance(net.inner, BaguaDistributedDataParallel)
@@ -194,7 +194,7 @@ def gaps_job(rank: int, world: int, port: int, port2: int) -> dict[str, Any]:
 
     # 4. fuse_optimizer as Bagua's mnist example (with_bagua(do_flatten=False),
     # Adadelta, fuse_step): equal to the same training with step().
-    from ringlet.compat.bagua.contrib import fuse_optimizer
+    from ringlet.bagua.compat.contrib import fuse_optimizer
 
     runs: dict[tuple[bool, bool], torch.Tensor] = {}
     fused_counts = {}
@@ -226,7 +226,7 @@ def gaps_job(rank: int, world: int, port: int, port2: int) -> dict[str, Any]:
 
     # 5. The load-balancing sampler with the job's world and rank (Bagua reads
     # them from torch.distributed).
-    from ringlet.compat.bagua.contrib import LoadBalancingDistributedSampler
+    from ringlet.bagua.compat.contrib import LoadBalancingDistributedSampler
 
     dataset = torch.utils.data.TensorDataset(torch.arange(23), torch.arange(23) % 7)
     sampler = LoadBalancingDistributedSampler(dataset, complexity_fn=lambda s: int(s[1]))
@@ -309,7 +309,7 @@ def _reference_indices(
 def test_load_balancing_sampler_is_baguas_partition(
     n: int, replicas: int, shuffle: bool, drop_last: bool, random_level: float, epoch: int
 ) -> None:
-    from ringlet.compat.bagua.contrib import LoadBalancingDistributedSampler
+    from ringlet.bagua.compat.contrib import LoadBalancingDistributedSampler
 
     complexities = [(i * 37) % 11 for i in range(n)]
     dataset = [(torch.tensor(i), c) for i, c in enumerate(complexities)]
@@ -339,7 +339,7 @@ def test_load_balancing_sampler_is_baguas_partition(
 
 
 def test_load_balancing_batch_sampler_pads_to_the_same_count() -> None:
-    from ringlet.compat.bagua.contrib import (
+    from ringlet.bagua.compat.contrib import (
         LoadBalancingDistributedBatchSampler,
         LoadBalancingDistributedSampler,
     )
@@ -380,7 +380,7 @@ def test_load_balancing_batch_sampler_pads_to_the_same_count() -> None:
 
 
 def test_cache_loader_and_cached_dataset_return_the_same_items() -> None:
-    from ringlet.compat.bagua.contrib import CachedDataset, CacheLoader
+    from ringlet.bagua.compat.contrib import CachedDataset, CacheLoader
 
     calls: list[int] = []
 
@@ -433,8 +433,8 @@ def test_cache_loader_and_cached_dataset_return_the_same_items() -> None:
 
 @pytest.mark.parametrize("name", ["sgd", "adam", "adadelta", "rmsprop"])
 def test_fuse_step_equals_step(name: str) -> None:
-    from ringlet.compat.bagua.contrib import fuse_optimizer
-    from ringlet.compat.bagua.contrib.fuse import is_fused_optimizer
+    from ringlet.bagua.compat.contrib import fuse_optimizer
+    from ringlet.bagua.compat.contrib.fuse import is_fused_optimizer
 
     make = {
         "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
@@ -494,7 +494,7 @@ BAGUA_OPTIMIZERS = [
     ids=[f"{c.__name__}{i}" for i, (c, _) in enumerate(BAGUA_OPTIMIZERS)],
 )
 def test_baguas_fused_optimizer_cases(opt_cls: Any, settings: dict[str, Any]) -> None:
-    from ringlet.compat.bagua.contrib import fuse_optimizer
+    from ringlet.bagua.compat.contrib import fuse_optimizer
 
     steps = 11
     x = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]).reshape(3, 2)
@@ -525,7 +525,7 @@ def test_baguas_fused_optimizer_cases(opt_cls: Any, settings: dict[str, Any]) ->
 def test_fuse_step_is_a_step_for_lr_schedulers() -> None:
     # Bagua's mnist example: StepLR over the fused optimizer, fuse_step() each
     # batch; torch warns (an error here) if the scheduler saw no step.
-    from ringlet.compat.bagua.contrib import fuse_optimizer
+    from ringlet.bagua.compat.contrib import fuse_optimizer
 
     model = Net()
     opt = fuse_optimizer(torch.optim.Adadelta(model.parameters(), lr=1.0))
@@ -540,8 +540,8 @@ def test_fuse_step_is_a_step_for_lr_schedulers() -> None:
 
 
 def test_fuse_optimizer_bad_input() -> None:
-    from ringlet.compat.bagua.contrib import fuse_optimizer
-    from ringlet.compat.bagua.contrib.fuse import fuse_step
+    from ringlet.bagua.compat.contrib import fuse_optimizer
+    from ringlet.bagua.compat.contrib.fuse import fuse_step
 
     opt = torch.optim.SGD(Net().parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="not a fused optimizer"):
@@ -557,8 +557,8 @@ def test_fuse_optimizer_bad_input() -> None:
 
 
 def test_bagua_tensor_and_module_names() -> None:
-    import ringlet.compat.bagua as bagua
-    from ringlet.compat.bagua.tensor import BaguaTensor
+    import ringlet.bagua.compat as bagua
+    from ringlet.bagua.compat.tensor import BaguaTensor
 
     assert BaguaTensor is bagua.BaguaTensor
     assert BaguaTensor.ensure_bagua_tensor is torch.Tensor.ensure_bagua_tensor
@@ -578,56 +578,56 @@ def test_bagua_tensor_and_module_names() -> None:
 @pytest.mark.parametrize(
     "statement,module,instead",
     [
-        ("import ringlet.compat.bagua.moe", "ringlet.compat.bagua.moe", "all_to_all_single"),
-        ("from ringlet.compat.bagua import moe", "ringlet.compat.bagua.moe", "deepspeed.moe"),
+        ("import ringlet.bagua.compat.moe", "ringlet.bagua.compat.moe", "all_to_all_single"),
+        ("from ringlet.bagua.compat import moe", "ringlet.bagua.compat.moe", "deepspeed.moe"),
         (
-            "from ringlet.compat.bagua.model_parallel import moe",
-            "ringlet.compat.bagua.model_parallel",
+            "from ringlet.bagua.compat.model_parallel import moe",
+            "ringlet.bagua.compat.model_parallel",
             "all_to_all_single",
         ),
         (
-            "import ringlet.compat.bagua.checkpoint",
-            "ringlet.compat.bagua.checkpoint",
+            "import ringlet.bagua.compat.checkpoint",
+            "ringlet.bagua.compat.checkpoint",
             "torch.distributed.checkpoint",
         ),
         (
-            "from ringlet.compat.bagua.checkpoint import save_checkpoint",
-            "ringlet.compat.bagua.checkpoint",
+            "from ringlet.bagua.compat.checkpoint import save_checkpoint",
+            "ringlet.bagua.compat.checkpoint",
             "ringlet.checkpoint",
         ),
         (
-            "from ringlet.compat.bagua.contrib import sync_batchnorm",
-            "ringlet.compat.bagua.contrib.sync_batchnorm",
+            "from ringlet.bagua.compat.contrib import sync_batchnorm",
+            "ringlet.bagua.compat.contrib.sync_batchnorm",
             "torch.nn.SyncBatchNorm",
         ),
         (
-            "import ringlet.compat.bagua.contrib.sync_batchnorm",
-            "ringlet.compat.bagua.contrib.sync_batchnorm",
+            "import ringlet.bagua.compat.contrib.sync_batchnorm",
+            "ringlet.bagua.compat.contrib.sync_batchnorm",
             'init_process_group("ringlet")',
         ),
         (
-            "from ringlet.compat.bagua.data_parallel import functional",
-            "ringlet.compat.bagua.data_parallel.functional",
+            "from ringlet.bagua.compat.data_parallel import functional",
+            "ringlet.bagua.compat.data_parallel.functional",
             "torch.distributed.nn.functional",
         ),
     ],
 )
 def test_not_provided_parts_say_so(statement: str, module: str, instead: str) -> None:
-    importlib.import_module("ringlet.compat.bagua")
+    importlib.import_module("ringlet.bagua.compat")
     with pytest.raises(ImportError) as info:
         exec(statement, {})
     text = str(info.value)
     assert f"No module named '{module}'" in text, text
     assert "ringlet does not provide" in text and instead in text, text
-    assert "ringlet.bagua.compat" not in text and "is not a package" not in text, text
-    assert "ringlet.bagua.compat" not in type(info.value).__module__
+    assert "ringlet.compat.bagua" not in text and "is not a package" not in text, text
+    assert type(info.value).__module__ == "ringlet.bagua.compat"
 
 
 def test_unknown_submodule_and_attribute() -> None:
-    import ringlet.compat.bagua as bagua
+    import ringlet.bagua.compat as bagua
 
     with pytest.raises(ModuleNotFoundError) as info:
-        importlib.import_module("ringlet.compat.bagua.no_such_part")
+        importlib.import_module("ringlet.bagua.compat.no_such_part")
     assert "is not a package" not in str(info.value)
     with pytest.raises(AttributeError, match="ringlet does not provide Bagua's checkpointing"):
         bagua.checkpoint  # noqa: B018

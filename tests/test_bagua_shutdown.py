@@ -26,7 +26,7 @@ def shutdown_job(rank: int, world: int, port: int) -> dict[str, Any]:
         LOCAL_WORLD_SIZE=str(world),
     )
     import ringlet
-    import ringlet.compat.bagua as bagua
+    import ringlet.bagua.compat as bagua
 
     bagua.init_process_group()
     comm = bagua.communication

@@ -662,7 +662,7 @@ def _two_host_job(rank: int, world: int, port: int) -> list:
     b = every[rank].clone()
     dist.broadcast(b, src=1)
     _same(b, every[1], "two-level broadcast", exact=True)
-    from ringlet.c10d import python_group
+    from ringlet.distributed.c10d import python_group
 
     comm = python_group(pg)._comm  # the Python group (behind the native Backend)
     layout = comm.host_layout()
@@ -981,7 +981,7 @@ def test_monitored_barrier_and_barrier_timeouts_match_gloo(tmp_path) -> None:
 def _hand_built_job(rank: int, world: int, port: int) -> dict:
     """ProcessGroupRinglet built by hand, as torch's ProcessGroupGloo is,
     beside a gloo group built the same way; no init_process_group."""
-    from ringlet.c10d import ProcessGroupRinglet
+    from ringlet.distributed.c10d import ProcessGroupRinglet
 
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60))
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world,

@@ -1,4 +1,4 @@
-"""The native C++ torch.distributed Backend (``ringlet._native``), on real
+"""The native C++ torch.distributed Backend (``ringlet.distributed._native``), on real
 processes, against gloo in the same run: which door a group takes (and the
 Python ``ProcessGroup`` fallback), ``cpu:ringlet,cuda:gloo``, issue order
 between operations that take the C ABI and operations the Python group runs,
@@ -31,7 +31,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 
 
 def _native_or_skip() -> None:
-    from ringlet import _native
+    from ringlet.distributed import _native
 
     if _native.load() is None:
         pytest.skip(f"the native backend is not available here: {_native.reason()}")
@@ -58,7 +58,7 @@ def _ints(rank: int, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
 
 
 def _identity_job(rank: int, world: int, port: int, spec: str) -> dict[str, Any]:
-    from ringlet.c10d import backend_kind, python_group
+    from ringlet.distributed.c10d import backend_kind, python_group
 
     _init(rank, world, port, spec)
     pg = dist.group.WORLD
@@ -120,15 +120,16 @@ def test_python_process_group_fallback_says_so() -> None:
 
 _FIRST_USE = """
 import pathlib, time, torch, torch.distributed as dist
-import ringlet.c10d
-from ringlet import _native
+import ringlet.distributed.c10d
+from ringlet.distributed import _native
 _native._PREBUILT = pathlib.Path("/nonexistent")  # as a torch the wheel has no library for
 t = time.monotonic()
 dist.init_process_group("ringlet", store=dist.HashStore(), rank=0, world_size=1)
 x = torch.arange(4.0)
 dist.all_reduce(x)
 assert x.tolist() == [0.0, 1.0, 2.0, 3.0], x
-print(ringlet.c10d.backend_kind(), round(time.monotonic() - t, 3), _native.reason(), sep="|")
+print(ringlet.distributed.c10d.backend_kind(), round(time.monotonic() - t, 3), _native.reason(),
+      sep="|")
 dist.destroy_process_group()
 """
 
@@ -142,7 +143,7 @@ def test_first_use_builds_in_the_background_and_later_processes_go_native(tmp_pa
     import subprocess
     import sys
 
-    from ringlet import _native
+    from ringlet.distributed import _native
 
     if _native.load() is None:
         pytest.skip(f"the native backend is not available here: {_native.reason()}")
@@ -210,8 +211,8 @@ def _other_torch_job(rank: int, world: int, port: int) -> dict[str, Any]:
     default group and one more ringlet group, and runs a collective."""
     import logging
 
-    from ringlet import _native
-    from ringlet.c10d import backend_kind
+    from ringlet.distributed import _native
+    from ringlet.distributed.c10d import backend_kind
 
     _native._torch_version = lambda: _OTHER_TORCH
     said: list[str] = []
@@ -259,8 +260,8 @@ def test_a_torch_without_a_prebuilt_library_falls_back_once_with_the_reason(
 
 _ONE_RANK = """
 import json, sys, torch, torch.distributed as dist
-import ringlet.c10d
-from ringlet import _native
+import ringlet.distributed.c10d
+from ringlet.distributed import _native
 _native._torch_version = lambda: "2.12.0+cpu"
 try:
     dist.init_process_group("ringlet", store=dist.HashStore(), rank=0, world_size=1)
@@ -271,7 +272,7 @@ dist.new_group(backend="ringlet")
 x = torch.arange(4.0)
 dist.all_reduce(x)
 assert x.tolist() == [0.0, 1.0, 2.0, 3.0], x
-print(json.dumps({"kind": ringlet.c10d.backend_kind(), "reason": _native.reason()}))
+print(json.dumps({"kind": ringlet.distributed.c10d.backend_kind(), "reason": _native.reason()}))
 dist.destroy_process_group()
 """
 
@@ -449,7 +450,7 @@ def _train(model: torch.nn.Module, group: Any, steps: range, rank: int,
 def _shrink_job(rank: int, world: int, port: int) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ringlet.c10d import backend_kind
+    from ringlet.distributed.c10d import backend_kind
 
     _init(rank, world, port)
     model = _model()

@@ -21,7 +21,7 @@ from ringlet.checkpoint import (
     save,
     sharded_state_dict,
 )
-from ringlet.sharding import Mesh, mark_sharding, wrap_if_sharded
+from ringlet.xla.sharding import Mesh, mark_sharding, wrap_if_sharded
 
 from conftest import launch
 

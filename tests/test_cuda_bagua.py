@@ -35,8 +35,8 @@ def bagua_job(rank: int, world: int, port: int, device: str) -> dict[str, Any]:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))
-    import ringlet.compat.bagua as bagua
-    from ringlet.compat.bagua.algorithms import gradient_allreduce
+    import ringlet.bagua.compat as bagua
+    from ringlet.bagua.compat.algorithms import gradient_allreduce
 
     if device == "cuda":
         device = f"cuda:{rank % torch.cuda.device_count()}"

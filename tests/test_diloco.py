@@ -501,7 +501,7 @@ def bagua_job(rank: int, world: int, port: int) -> dict[str, Any]:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world))
-    import ringlet.compat.bagua as bagua
+    import ringlet.bagua.compat as bagua
     from ringlet.bagua.algorithms import Algorithm
     from ringlet.bagua.algorithms.diloco import DiLoCoAlgorithm
 

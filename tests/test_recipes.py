@@ -457,7 +457,7 @@ def test_torchft_recipe(tmp_path: Path) -> None:
     block's comment says it replaces), bit for bit."""
     assert "`torchft_lighthouse --min_replicas 2`" in (RECIPES / "torchft.md").read_text()
     block = _fenced("torchft.md", "python")[1]  # [0]: the page's model and data
-    ringlet_import = "from ringlet.torchft import ProcessGroupRinglet\n"
+    ringlet_import = "from ringlet.distributed.torchft import ProcessGroupRinglet\n"
     assert ringlet_import in block and block.count("ProcessGroupRinglet()") == 1
     gloo = block.replace(ringlet_import, "from torchft import ProcessGroupGloo\n").replace(
         "ProcessGroupRinglet()", "ProcessGroupGloo()")

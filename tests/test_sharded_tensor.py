@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import ringlet
-from ringlet import sharded_tensor as stm
 from ringlet.errors import ShardingSpecError
-from ringlet.sharding import (
+from ringlet.xla import sharded_tensor as stm
+from ringlet.xla.sharding import (
     Mesh,
     ShardingSpec,
     ShardingType,
@@ -600,7 +600,7 @@ def test_checkpoint_grid_pieces_cover_exactly() -> None:
 
 
 def test_patched_linear_matches_f_linear_and_barrier_hook() -> None:
-    from ringlet.sharding import (
+    from ringlet.xla.sharding import (
         XLAPatchedLinear,
         apply_backward_optimization_barrier,
         xla_patched_nn_linear_forward,

@@ -1,4 +1,4 @@
-"""Tests for ringlet.sharding: meshes, partition specs and the sharding algebra.
+"""Tests for ringlet.xla.sharding: meshes, partition specs and the sharding algebra.
 
 Expected values are worked out by hand from torch_xla's rules:
 
@@ -27,7 +27,7 @@ import torch
 import ringlet
 from ringlet import errors
 from ringlet.errors import ShardingSpecError
-from ringlet.sharding import (
+from ringlet.xla.sharding import (
     HybridMesh,
     Mesh,
     OpSharding,
@@ -506,7 +506,7 @@ def test_sharding_spec_xla_spec():
 
 def test_op_sharding_args_and_helper_keywords():
     """torch_xla's private helpers, called with its argument names."""
-    from ringlet.sharding import _get_group_assignment, _get_sharding_type, _get_tile_assignment
+    from ringlet.xla.sharding import _get_group_assignment, _get_sharding_type, _get_tile_assignment
 
     mesh = Mesh(range(8), (2, 2, 2), ("a", "b", "c"))
     # a 2-d spec over a 3-d mesh: axis c (the unused one) replicates

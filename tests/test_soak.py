@@ -2,7 +2,7 @@
 dtypes and sizes (0 and odd counts included), replica groups, send/recv, the
 bucket worker and a sharded checkpoint, on 4 ranks over both transports, every
 result checked against torch, file descriptors and /dev/shm flat. The long
-run: ``python -m ringlet.soak`` (``RINGLET_SOAK_OPS``, default 10,000)."""
+run: ``python -m ringlet.bench.soak`` (``RINGLET_SOAK_OPS``, default 10,000)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ringlet import soak
+from ringlet.bench import soak
 
 from conftest import TRANSPORTS
 

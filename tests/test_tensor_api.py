@@ -1,6 +1,6 @@
-"""The Bagua-style tensor API (``ringlet.tensor``): proxies and closures,
+"""The Bagua-style tensor API (``ringlet.bagua.tensor``): proxies and closures,
 storage aliasing, buckets, ready-marking order, the worker's errors, bucket
-all-reduce across real processes, the ``ringlet.compat.bagua`` names, and the
+all-reduce across real processes, the ``ringlet.bagua.compat`` names, and the
 CUDA path (event sync, staging through host memory) where CUDA exists."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ringlet
-from ringlet.tensor import TensorModule, _stage, get_module
+from ringlet.bagua.tensor import TensorModule, _stage, get_module
 
 from conftest import launch
 
@@ -414,7 +414,7 @@ def test_staging_helper_copies_both_ways() -> None:
 
 
 def test_compat_bagua_names() -> None:
-    import ringlet.compat.bagua  # noqa: F401
+    import ringlet.bagua.compat  # noqa: F401
 
     mod = fresh("bagua")
     p = torch.nn.Parameter(torch.ones(3))
@@ -465,7 +465,7 @@ def test_compat_bagua_tensor_attributes() -> None:
     mod = fresh("battr")
     early = torch.zeros(2).ensure_ringlet_tensor("early", mod)  # before the import
     loose = torch.zeros(1).ensure_ringlet_tensor()
-    import ringlet.compat.bagua  # noqa: F401
+    import ringlet.bagua.compat  # noqa: F401
 
     assert early.bagua_tensor_name == "early" and early.bagua_module_name == mod
     assert early.bagua_backend is get_module(mod)
@@ -598,4 +598,4 @@ def test_module_objects_are_per_name() -> None:
     assert get_module(name) is get_module(name)
     assert isinstance(get_module(name), TensorModule)
     get_module(name).close()
-    assert not ringlet.tensor.get_module(name).tensors()
+    assert not ringlet.bagua.tensor.get_module(name).tensors()

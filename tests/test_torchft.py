@@ -1,4 +1,4 @@
-"""torchft on ringlet: ``ringlet.torchft.ProcessGroupRinglet`` under torchft's
+"""torchft on ringlet: ``ringlet.distributed.torchft.ProcessGroupRinglet`` under torchft's
 Manager, against torchft's own ``ProcessGroupGloo`` in the same run.
 
 Two replica groups (one process each) train the same model; replica 1 is
@@ -66,10 +66,11 @@ def test_torchfts_own_diloco_on_ringlet_equals_gloo() -> None:
 
 def test_import_without_torchft_names_the_package() -> None:
     code = ("import sys; sys.modules['torchft'] = sys.modules['torchft.process_group'] = None\n"
-            "try:\n    import ringlet.torchft\nexcept ImportError as e:\n    print(e)\n")
+            "try:\n    import ringlet.distributed.torchft\n"
+            "except ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
-    assert "ringlet.torchft needs torchft: pip install torchft" in out.stdout, out
+    assert "ringlet.distributed.torchft needs torchft: pip install torchft" in out.stdout, out
 
 
 def _wrapper_job(rank: int, world: int, port: int) -> dict:
@@ -82,7 +83,7 @@ def _wrapper_job(rank: int, world: int, port: int) -> dict:
     from torch._C._distributed_c10d import AllgatherOptions
     from torchft.process_group import ProcessGroupGloo
 
-    from ringlet.torchft import ProcessGroupRinglet
+    from ringlet.distributed.torchft import ProcessGroupRinglet
 
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60))
     got: dict = {}

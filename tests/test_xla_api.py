@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import ringlet
-import ringlet.collectives as C
+import ringlet.xla.xla_model as C
 
 from conftest import launch
 
@@ -256,7 +256,7 @@ def _ranks_value(world: int, fn: Callable[[int], torch.Tensor]) -> list[torch.Te
 
 
 class CallLog:
-    """Wraps a module-level collective of ringlet.collectives to record the
+    """Wraps a module-level collective of ringlet.xla.xla_model to record the
     tensors (by identity) of each call; restores it on exit."""
 
     def __init__(self, name: str, index: dict[int, int]):

@@ -9,7 +9,7 @@ results compared across backends) and as the step-time script of
 which trains the same model with torchft's ``Manager`` (2 replica groups of
 one process each, DDP over the replicas, asynchronous quorum as torchft
 defaults) once on ``torchft.process_group.ProcessGroupGloo`` and once on
-``ringlet.torchft.ProcessGroupRinglet``, alternating, and prints the median
+``ringlet.distributed.torchft.ProcessGroupRinglet``, alternating, and prints the median
 step time of each.
 """
 
@@ -50,7 +50,7 @@ def replica_main(replica: int, backend: str, lighthouse: str, steps: int, die_at
     from torchft.optim import OptimizerWrapper
     from torchft.process_group import ProcessGroupGloo
 
-    from ringlet.torchft import ProcessGroupRinglet
+    from ringlet.distributed.torchft import ProcessGroupRinglet
 
     store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from typing import Any
 
 
 def _create(opts: Any, pg_options: Any = None) -> Any:
-    from . import c10d
+    from .distributed import c10d
 
     c10d.register()
     return c10d._create(opts, pg_options)

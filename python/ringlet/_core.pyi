@@ -116,7 +116,7 @@ class Progress:
 
 class TensorModule:
     """Registered tensors of one model, their buckets and the worker thread
-    that runs bucket operations in bucket order (see ``ringlet.tensor``)."""
+    that runs bucket operations in bucket order (see ``ringlet.bagua.tensor``)."""
 
     def __init__(
         self,

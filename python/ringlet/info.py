@@ -291,7 +291,7 @@ def _process_group_section() -> dict[str, Any]:
         )
         if not ok
     )
-    build_now = 'python -c "from ringlet import _native; _native.build()"'
+    build_now = 'python -c "from ringlet.distributed import _native; _native.build()"'
     mode = native["mode"]
     if mode == "0":
         kind, why = "python", "RINGLET_NATIVE=0 turns the native Backend off"

@@ -5,7 +5,7 @@ Defined with ``torch.library.Library``, so they carry a schema, a fake
 them traceable by ``torch.compile`` without graph breaks and differentiable in
 eager mode, as the collectives of tensor parallelism need (the backward of an
 all-gather is a reduce-scatter, and so on). They run over the whole world;
-use :mod:`ringlet.collectives` for replica groups.
+use :mod:`ringlet.xla.xla_model` for replica groups.
 
 Operators (each returns a new tensor; inputs are never modified):
 

@@ -13,8 +13,8 @@ Example:
   >>> import torch.distributed as dist, ringlet
   >>> dist.init_process_group("gloo"); ringlet.init()
   >>> ddp = torch.nn.parallel.DistributedDataParallel(model)
-  >>> ddp.register_comm_hook(ringlet.comm_hooks.AllReduceState(),
-  ...                        ringlet.comm_hooks.allreduce_hook)
+  >>> ddp.register_comm_hook(ringlet.bagua.comm_hooks.AllReduceState(),
+  ...                        ringlet.bagua.comm_hooks.allreduce_hook)
 """
 
 import queue
@@ -46,8 +46,8 @@ class AllReduceState:
         as DDP's built-in hook does. Default: True
 
     Example:
-      >>> state = ringlet.comm_hooks.AllReduceState()
-      >>> ddp.register_comm_hook(state, ringlet.comm_hooks.allreduce_hook)
+      >>> state = ringlet.bagua.comm_hooks.AllReduceState()
+      >>> ddp.register_comm_hook(state, ringlet.bagua.comm_hooks.allreduce_hook)
     """
 
     def __init__(self, average: bool = True) -> None:
@@ -133,7 +133,7 @@ def allreduce_hook(
       torch.futures.Future: Completes with the averaged buffer.
 
     Example:
-      >>> ddp.register_comm_hook(None, ringlet.comm_hooks.allreduce_hook)
+      >>> ddp.register_comm_hook(None, ringlet.bagua.comm_hooks.allreduce_hook)
     """
     if state is None:
         state = _default_state()

@@ -16,7 +16,7 @@ The collectives take CPU tensors (ringlet's engine works in host memory;
 Bagua's take CUDA ones). ``src``/``dst`` are ranks *in the communicator*.
 
 Example:
-  >>> import ringlet.compat.bagua as bagua
+  >>> import ringlet.bagua.compat as bagua
   >>> bagua.init_process_group()
   >>> g = bagua.communication.new_group(ranks=[1, 3])
   >>> t = torch.ones(4) * bagua.get_rank()

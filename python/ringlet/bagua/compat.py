@@ -9,14 +9,14 @@ Importing this module adds to :class:`torch.Tensor` the exact method names of
 ``bagua_set_storage``), each the same function as its ``ringlet_`` twin; the
 attributes Bagua sets on a tensor (``bagua_tensor_name``, ``""`` when no name
 was given, ``bagua_module_name`` and ``bagua_backend``, the tensor's
-:class:`ringlet.tensor.TensorModule` or ``None``), readable on every ringlet
+:class:`ringlet.bagua.tensor.TensorModule` or ``None``), readable on every ringlet
 tensor and absent on others; and ``bagua_module_name`` to
 :class:`torch.nn.Module` (an alias of ``ringlet_module_name``, assignable), so
 code written for Bagua's tensor API runs unchanged.
 
 It also stands for ``bagua.torch_api`` itself, so Bagua code runs after
 replacing ``import bagua.torch_api as bagua`` with ``import
-ringlet.compat.bagua as bagua``: ``init_process_group``, ``get_rank``,
+ringlet.bagua.compat as bagua``: ``init_process_group``, ``get_rank``,
 ``get_world_size``, ``get_local_rank``, ``get_local_size``, the collectives
 and ``ReduceOp``, and the submodules ``algorithms`` (with ``base``,
 ``gradient_allreduce``, ``bytegrad``, ``decentralized``, ``q_adam``,
@@ -25,7 +25,7 @@ and ``ReduceOp``, and the submodules ``algorithms`` (with ``base``,
 (with ``distributed`` and ``bagua_distributed``) and ``contrib``
 (``fuse_optimizer``, the load-balancing samplers, ``CacheLoader`` and
 ``CachedDataset``), importable under this name (``from
-ringlet.compat.bagua.algorithms.q_adam import QAdamOptimizer``); the classes
+ringlet.bagua.compat.algorithms.q_adam import QAdamOptimizer``); the classes
 ``BaguaTensor`` and ``BaguaModule`` (the methods Bagua patches onto
 ``torch.Tensor`` and ``torch.nn.Module``); ``with_bagua`` with
 ``bagua_algorithm``, ``bagua_buckets`` and ``bagua_optimizers`` on
@@ -38,7 +38,7 @@ raise ``ModuleNotFoundError`` (an ``ImportError``) when imported under this
 name, saying so and what to use instead.
 
 Example:
-  >>> import torch, ringlet.compat.bagua
+  >>> import torch, ringlet.bagua.compat
   >>> t = torch.zeros(3).ensure_bagua_tensor("t")
   >>> t.is_bagua_tensor(), t.is_ringlet_tensor()
   (True, True)
@@ -195,7 +195,7 @@ def ensure_bagua_tensor(
     getter_closure: Optional[Getter] = None,
     setter_closure: Optional[Setter] = None,
 ) -> torch.Tensor:
-    """Bagua's ``ensure_bagua_tensor``: :func:`ringlet.tensor.ensure_ringlet_tensor`
+    """Bagua's ``ensure_bagua_tensor``: :func:`ringlet.bagua.tensor.ensure_ringlet_tensor`
     with Bagua's rule for a tensor that already is one: the closures are set
     to the ones given, ``None`` being the identity getter and no setter
     (``ensure_ringlet_tensor`` keeps a closure passed as ``None``).
@@ -413,7 +413,7 @@ def _not_provided(fullname: str) -> Optional[str]:
 
 class NotProvidedError(ModuleNotFoundError):
     """Raised on importing a Bagua module ringlet does not provide; its
-    ``name`` is the module's ``ringlet.compat.bagua...`` path."""
+    ``name`` is the module's ``ringlet.bagua.compat...`` path."""
 
 
 NotProvidedError.__module__ = _PUBLIC

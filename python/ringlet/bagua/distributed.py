@@ -3,13 +3,13 @@ methods Bagua adds to :class:`torch.nn.Module` (``with_bagua``,
 ``bagua_module_name``, ``bagua_algorithm``, ``bagua_optimizers``,
 ``bagua_buckets``).
 
-As in Bagua, importing ``ringlet.compat.bagua`` installs them on every
+As in Bagua, importing ``ringlet.bagua.compat`` installs them on every
 module; :class:`BaguaModule` holds the same functions for code that names
 the class (type hints, ``BaguaModule.with_bagua(model, ...)``). A model is
 never an instance of it, in Bagua either.
 
 Example:
-  >>> from ringlet.compat.bagua.distributed import BaguaModule
+  >>> from ringlet.bagua.compat.distributed import BaguaModule
   >>> model = BaguaModule.with_bagua(model, [opt], GradientAllReduceAlgorithm())
   >>> model.bagua_algorithm is model.bagua_ddp.bagua_algorithm
   True
@@ -39,7 +39,7 @@ def _ddp(module: Any) -> BaguaDistributedDataParallel:
 class BaguaModule:
     """The methods Bagua patches onto :class:`torch.nn.Module` (Bagua's
     ``BaguaModule``); the same functions are on every ``torch.nn.Module``
-    once ``ringlet.compat.bagua`` is imported.
+    once ``ringlet.bagua.compat`` is imported.
 
     Example:
       >>> model = model.with_bagua([opt], bytegrad.ByteGradAlgorithm())

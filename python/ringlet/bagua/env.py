@@ -7,7 +7,7 @@ environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``NODE_RANK``), as Bagua reads them.
 
 Example:
-  >>> import ringlet.compat.bagua as bagua
+  >>> import ringlet.bagua.compat as bagua
   >>> bagua.init_process_group()          # under torchrun
   >>> bagua.get_rank(), bagua.get_world_size(), bagua.get_local_rank()
   (1, 4, 1)

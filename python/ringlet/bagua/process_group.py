@@ -281,7 +281,7 @@ def init_process_group(
         ``local_world_size``.
 
     Example:
-      >>> import ringlet.compat.bagua as bagua
+      >>> import ringlet.bagua.compat as bagua
       >>> bagua.init_process_group()          # under torchrun
       >>> bagua.get_world_size()
       4
@@ -491,7 +491,7 @@ def get_backend(model_name: str) -> Any:
       model_name (str): The model's ``bagua_module_name``.
 
     Returns:
-      ringlet.tensor.TensorModule: The module, created on first use.
+      ringlet.bagua.tensor.TensorModule: The module, created on first use.
 
     Example:
       >>> bagua.communication.get_backend(model.bagua_module_name).wait_pending_comm_ops()

@@ -7,7 +7,7 @@ proxy's getter closure to find the *effective tensor* that is actually worked
 on. Registering a model parameter with ``getter_closure=lambda p: p.grad``
 makes its gradient the effective tensor, so a gradient recreated between steps
 is still found. The methods below follow Bagua's ``BaguaTensor`` with
-``bagua_`` renamed ``ringlet_`` (``import ringlet.compat.bagua`` installs the
+``bagua_`` renamed ``ringlet_`` (``import ringlet.bagua.compat`` installs the
 original names too).
 
 Tensors registered with a ``module_name`` belong to a :class:`TensorModule`
@@ -21,7 +21,7 @@ Example:
   >>> ringlet.init()
   >>> p = torch.nn.Parameter(torch.ones(4))
   >>> p.ensure_ringlet_tensor("w", "model", getter_closure=lambda t: t.grad)
-  >>> m = ringlet.tensor.get_module("model")
+  >>> m = ringlet.bagua.tensor.get_module("model")
   >>> m.set_buckets([[p]]); m.set_all_reduce(average=True)
   >>> p.ringlet_ensure_grad().ringlet_mark_communication_ready()
   >>> m.wait_pending_comm_ops()      # p.grad is now averaged over the ranks
@@ -134,7 +134,7 @@ class TensorModule:
     ``ensure_ringlet_tensor(..., module_name=...)``.
 
     Example:
-      >>> m = ringlet.tensor.get_module("model")
+      >>> m = ringlet.bagua.tensor.get_module("model")
       >>> m.set_buckets(m.plan_buckets(m.tensors(), bucket_cap_bytes=1 << 20))
       >>> m.set_all_reduce()
     """
@@ -451,7 +451,7 @@ def get_module(module_name: str) -> TensorModule:
       TensorModule: The module.
 
     Example:
-      >>> ringlet.tensor.get_module("model").tensors()
+      >>> ringlet.bagua.tensor.get_module("model").tensors()
       []
     """
     if not isinstance(module_name, str) or not module_name:
@@ -519,7 +519,7 @@ def ensure_ringlet_tensor(
     next operation); a different name or module is an error.
 
     Sets ``ringlet_tensor_name`` and ``ringlet_module_name`` on the tensor
-    (with ``ringlet.compat.bagua``: ``bagua_tensor_name``, ``""`` for a
+    (with ``ringlet.bagua.compat``: ``bagua_tensor_name``, ``""`` for a
     generated name, ``bagua_module_name`` and ``bagua_backend``, the
     :class:`TensorModule` or ``None``).
 
@@ -833,10 +833,10 @@ def install(prefix: str = "ringlet") -> None:
 
     Args:
       prefix (str): ``"ringlet"`` (done on import) or ``"bagua"`` (done by
-        ``import ringlet.compat.bagua``).
+        ``import ringlet.bagua.compat``).
 
     Example:
-      >>> ringlet.tensor.install("bagua"); torch.ones(1).is_bagua_tensor()
+      >>> ringlet.bagua.tensor.install("bagua"); torch.ones(1).is_bagua_tensor()
       False
     """
     for pattern, fn in _METHODS.items():

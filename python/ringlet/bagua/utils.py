@@ -1,7 +1,7 @@
 """Bagua's ``bagua.torch_api.utils``: flattening helpers.
 
 Example:
-  >>> from ringlet.compat.bagua.utils import flatten, unflatten
+  >>> from ringlet.bagua.compat.utils import flatten, unflatten
   >>> flat = flatten([torch.ones(2), torch.zeros(3)])
   >>> [t.shape for t in unflatten(flat, [torch.ones(2), torch.zeros(3)])]
   [torch.Size([2]), torch.Size([3])]

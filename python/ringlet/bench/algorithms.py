@@ -117,7 +117,7 @@ def make_way(mode: str, net: Callable[[], Any], gloo: Any, lr: float, momentum: 
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    import ringlet.compat.bagua as bagua
+    import ringlet.bagua.compat as bagua
     from ringlet.distributed import hooks
 
     torch.manual_seed(0)
@@ -251,7 +251,7 @@ def worker(out: Path) -> None:
     import torch.distributed as dist
 
     import ringlet
-    import ringlet.compat.bagua as bagua
+    import ringlet.bagua.compat as bagua
 
     cfg = json.loads((out / "config.json").read_text())
     torch.set_num_threads(1)

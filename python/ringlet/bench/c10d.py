@@ -104,7 +104,7 @@ def collectives(ops: list[str], sizes: list[int], budget: float, gloo: Any) -> l
 def overhead(reps: int = 10000) -> dict[str, float]:
     """4 KiB all_reduce: the engine call alone on the group's own communicator
     vs ``dist.all_reduce`` through the backend, alternating blocks (µs)."""
-    from ringlet.c10d import python_group
+    from ringlet.distributed.c10d import python_group
 
     x = torch.ones(1024)
     dist.all_reduce(x)
@@ -163,8 +163,8 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
     it (``all_reduce_(t, "sum", group.group_name)``), ``dist native`` runs on
     it, and ``group engine`` is the engine's call on that group's own
     communicator."""
-    from ringlet import _native
-    from ringlet.c10d import ProcessGroupRinglet, backend_kind
+    from ringlet.distributed import _native
+    from ringlet.distributed.c10d import ProcessGroupRinglet, backend_kind
 
     ext = _native.build()
     dist.Backend.register_backend(
@@ -213,7 +213,7 @@ def _door_calls(x: torch.Tensor, python_pg: Any, floor_pg: Any, native: bool,
     if native:
         calls["dist native"] = lambda: dist.all_reduce(x, group=group)
     if group is not None:
-        from ringlet.c10d import python_group
+        from ringlet.distributed.c10d import python_group
 
         comm = python_group(group)._world()
         dt = str(x.dtype).removeprefix("torch.")

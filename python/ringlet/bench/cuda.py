@@ -18,7 +18,7 @@ import time
 import torch
 
 import ringlet
-from ringlet.tensor import get_module
+from ringlet.bagua.tensor import get_module
 
 SIZES = [1 << 20, 64 << 20]
 

@@ -2,7 +2,7 @@
 checked against plain torch, with resident memory, file descriptors and
 ``/dev/shm`` measured before and after.
 
-Run ``python -m ringlet.soak`` (10,000 operations on 4 ranks over shared memory
+Run ``python -m ringlet.bench.soak`` (10,000 operations on 4 ranks over shared memory
 and TCP; ``--ops``, ``--ranks``, ``--transports``, ``--seed``; or
 ``RINGLET_SOAK_OPS``). The test suite runs a short version.
 
@@ -98,7 +98,7 @@ class _Program:
         self.counts: dict[str, int] = {}
         self.bucket = [torch.zeros(n).ensure_ringlet_tensor(f"soak{i}", "soak")
                        for i, n in enumerate((1, 31, 1000))]
-        self.module = ringlet.tensor.get_module("soak")
+        self.module = ringlet.bagua.tensor.get_module("soak")
         self.module.set_buckets([[self.bucket[0], self.bucket[1]], [self.bucket[2]]])
         self.module.set_all_reduce(average=False)
         # A fixed menu of replica groups, all connected by prime(): groups are
@@ -333,7 +333,7 @@ def run(ops: int = 10_000, world: int = 4, transport: str = "shm", seed: int = 1
       world ``transport``.
 
     Example:
-      >>> r = ringlet.soak.run(ops=300, transport="tcp")
+      >>> r = ringlet.bench.soak.run(ops=300, transport="tcp")
       >>> r[0]["after"][1] - r[0]["before"][1]    # file descriptors leaked
       0
     """
@@ -377,7 +377,7 @@ def run(ops: int = 10_000, world: int = 4, transport: str = "shm", seed: int = 1
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m ringlet.soak``: runs the soak and prints its figures.
+    """``python -m ringlet.bench.soak``: runs the soak and prints its figures.
 
     Args:
       argv (list, optional): Command-line arguments. Default: ``sys.argv[1:]``.

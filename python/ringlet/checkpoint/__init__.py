@@ -4,7 +4,7 @@ The mapping classes follow the model of Megatron-Core's ``dist_checkpointing``:
 wrap each local tensor in a :class:`ShardedTensor` (usually with
 :meth:`ShardedTensor.from_rank_offsets`), then call :func:`save` on every rank.
 :func:`load` reads the checkpoint back into any other layout. A module whose
-parameters are sharded with :func:`ringlet.sharding.mark_sharding` is
+parameters are sharded with :func:`ringlet.xla.sharding.mark_sharding` is
 checkpointed with ``save(sharded_state_dict(module), dir)``.
 
 Example:

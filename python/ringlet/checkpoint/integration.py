@@ -1,8 +1,8 @@
-"""Checkpointing modules whose parameters are sharded with :mod:`ringlet.sharding`.
+"""Checkpointing modules whose parameters are sharded with :mod:`ringlet.xla.sharding`.
 
 :func:`sharded_state_dict` turns a module into a sharded state dict in one
 call: parameters and buffers sharded with ``mark_sharding`` contribute their
-local shard (see :meth:`ringlet.sharding.XLAShardedTensor.sharded_checkpoint_tensor`),
+local shard (see :meth:`ringlet.xla.sharding.XLAShardedTensor.sharded_checkpoint_tensor`),
 everything else is treated as replicated and written by rank 0 only. The entries
 refer to the module's own storage, so :func:`ringlet.checkpoint.load` restores
 the module in place, whatever mesh layout (or world size) the checkpoint was

@@ -2,15 +2,14 @@
 
 * :mod:`ringlet.distributed.c10d`: the Python ``ProcessGroup``
   (:class:`ProcessGroupRinglet`), its ``Work``, the backend's registration,
-  and which door a group takes (:func:`backend_kind`); also importable as
-  ``ringlet.c10d``.
+  and which door a group takes (:func:`backend_kind`).
 * ``ringlet.distributed._native``: builds and loads the native C++
   ``c10d::Backend`` (``csrc/``) that wraps the Python group on the hot path.
 * :mod:`ringlet.distributed.hooks`: torch DDP communication hooks that
   send fewer bytes (ByteGrad's 8-bit compressed all-reduce with error
   feedback).
 * :mod:`ringlet.distributed.torchft`: torchft's fault-tolerant training on
-  ringlet (needs the optional ``torchft``; also ``ringlet.torchft``).
+  ringlet (needs the optional ``torchft``).
 
 Example:
     >>> import torch.distributed as dist

@@ -35,10 +35,10 @@ Whenever groups run on the Python ProcessGroup for any reason but
 ``RINGLET_NATIVE=0``, rank 0's first ``init_process_group`` logs one warning
 on the ``ringlet`` logger with the reason, what the Python group lacks and
 how to fix it. :func:`build` builds in the foreground
-(``python -c "from ringlet import _native; _native.build()"``).
+(``python -c "from ringlet.distributed import _native; _native.build()"``).
 
 Example:
-  >>> from ringlet import _native
+  >>> from ringlet.distributed import _native
   >>> ext = _native.load()          # None, with _native.reason(), when it cannot be had
   >>> ext is None or hasattr(ext, "RingletBackend")
   True
@@ -452,7 +452,7 @@ def build() -> Optional[ModuleType]:
       RuntimeError: ``RINGLET_NATIVE=1`` and the build failed.
 
     Example:
-      >>> from ringlet import _native
+      >>> from ringlet.distributed import _native
       >>> _native.build() is not None     # with the wheel's torch, or a C++ compiler and ninja
       True
     """
@@ -670,7 +670,7 @@ def wrap(pg: Any) -> Any:
     (see :func:`fallback_message`).
 
     Args:
-      pg (ringlet.c10d.ProcessGroupRinglet): The new group.
+      pg (ringlet.distributed.c10d.ProcessGroupRinglet): The new group.
 
     Returns:
       The Backend, or ``pg``.
@@ -721,7 +721,7 @@ def fallback_message() -> str:
         fixes.append(
             "install a C++ compiler and ninja (e.g. `apt-get install g++`; the build "
             "is retried when the compiler or CXX changes) or build it now with "
-            '`python -c "from ringlet import _native; _native.build()"`'
+            '`python -c "from ringlet.distributed import _native; _native.build()"`'
         )
     if have and _abi_tag() not in have:
         fixes.append(

@@ -148,7 +148,7 @@ def _create(opts: Any, pg_options: Any = None) -> ProcessGroupRinglet:
             pg.abort()
             raise
     # The native C++ Backend around the Python group when it builds, else
-    # the Python group itself (see ringlet._native).
+    # the Python group itself (see ringlet.distributed._native).
     return _native.wrap(pg)
 
 
@@ -161,8 +161,8 @@ def register() -> None:
     as torch has it).
 
     Example:
-      >>> import ringlet.c10d
-      >>> ringlet.c10d.register()
+      >>> import ringlet.distributed.c10d
+      >>> ringlet.distributed.c10d.register()
       >>> dist.init_process_group("ringlet")      # or "cpu:ringlet"
     """
     if not dist.is_available():

@@ -125,7 +125,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
     ``init_process_group("ringlet")`` and ``new_group(..., backend="ringlet")``
     make these; it can also be built by hand, as torch's
     ``ProcessGroupGloo(store, rank, size, timeout)``, by code that manages its
-    own groups (torchft's Manager, see :mod:`ringlet.torchft`; a group per
+    own groups (torchft's Manager, see :mod:`ringlet.distributed.torchft`; a group per
     job phase). Every rank builds one with the same store (or stores with
     the same prefix on one server) and its own rank; the group connects
     through the store on its first operation, so ranks may build it at
@@ -158,7 +158,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
     Example:
       >>> from datetime import timedelta
       >>> import torch, torch.distributed as dist
-      >>> from ringlet.c10d import ProcessGroupRinglet
+      >>> from ringlet.distributed.c10d import ProcessGroupRinglet
       >>> store = dist.TCPStore("127.0.0.1", 29500, 2, is_master=(rank == 0))
       >>> pg = ProcessGroupRinglet(store, rank, 2, timedelta(seconds=60))
       >>> t = torch.ones(4) * (rank + 1)
@@ -205,7 +205,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
         self._barriers = 0
         self._shrinks = 0
         self._closed = False
-        self._kind = "python"  # "native" behind the C++ Backend (see ringlet._native)
+        self._kind = "python"  # "native" behind the C++ Backend (see ringlet.distributed._native)
         # torch asks a group which devices it serves (`_device_types`: DCP's
         # async_save, state dicts broadcast from rank 0, the group's default
         # device). The group itself runs its operations, so the device is
@@ -539,7 +539,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
             with contextlib.suppress(Exception):  # a closed queue runs nothing more
                 queue.submit(job, True)
 
-    # -- the native Backend (ringlet._native) ----------------------------------
+    # -- the native Backend (ringlet.distributed._native) ----------------------------------
 
     def _native_handle(self) -> int:
         """A C ABI handle over this group's queue and communicator for the
@@ -594,7 +594,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
 
 
 def python_group(group: Any = None) -> Any:
-    """The :class:`ringlet.c10d.ProcessGroupRinglet` behind a torch group.
+    """The :class:`ringlet.distributed.c10d.ProcessGroupRinglet` behind a torch group.
 
     Args:
       group (ProcessGroup, optional): A group made by ``init_process_group``
@@ -639,7 +639,7 @@ def backend_kind(group: Any = None) -> Optional[str]:
 
     Example:
       >>> dist.init_process_group("ringlet")
-      >>> ringlet.c10d.backend_kind()
+      >>> ringlet.distributed.c10d.backend_kind()
       'native'
     """
     pg = python_group(group)

@@ -7,12 +7,12 @@ every quorum change through a class it is given (``ProcessGroupGloo``,
 ``ProcessGroupNCCL``, ...). :class:`ProcessGroupRinglet` is that class for
 ringlet, built as torchft's ``ProcessGroupGloo`` is: each ``configure`` gives
 up the previous group (``abort``) and builds a new
-:class:`ringlet.c10d.ProcessGroupRinglet` on the quorum's store.
+:class:`ringlet.distributed.c10d.ProcessGroupRinglet` on the quorum's store.
 
 Example:
   >>> from torchft import Manager, DistributedDataParallel
   >>> from torchft.optim import OptimizerWrapper
-  >>> from ringlet.torchft import ProcessGroupRinglet
+  >>> from ringlet.distributed.torchft import ProcessGroupRinglet
   >>> manager = Manager(pg=ProcessGroupRinglet(), min_replica_size=2,
   ...                   load_state_dict=load, state_dict=save, ...)
   >>> model = DistributedDataParallel(manager, model)
@@ -28,7 +28,7 @@ try:
     from torchft.process_group import ProcessGroupWrapper
 except ImportError as e:  # an optional dependency
     raise ImportError(
-        "ringlet.torchft needs torchft: pip install torchft (or pip install "
+        "ringlet.distributed.torchft needs torchft: pip install torchft (or pip install "
         f"'ringlet[torchft]'); importing it failed: {e}"
     ) from e
 
@@ -70,13 +70,13 @@ class ProcessGroupRinglet(ProcessGroupWrapper):
                  ) -> None:
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
             raise (ValueError if isinstance(timeout, timedelta) else TypeError)(
-                f"ringlet.torchft.ProcessGroupRinglet: timeout must be a positive "
+                f"ringlet.distributed.torchft.ProcessGroupRinglet: timeout must be a positive "
                 f"datetime.timedelta, got {timeout!r}"
             )
         super().__init__(timeout=timeout, pg=pg)
 
     def _create_pg(self, store: Any, rank: int, world_size: int) -> c10d.ProcessGroupRinglet:
-        """The quorum's group: a :class:`ringlet.c10d.ProcessGroupRinglet` on
+        """The quorum's group: a :class:`ringlet.distributed.c10d.ProcessGroupRinglet` on
         ``store`` (the quorum's prefix of the replica group's store)."""
         ranks = list(self._global_ranks or [])  # torchft's numbers of the replicas' ranks
         named = len(set(ranks)) == len(ranks) == world_size  # one distinct number per rank

@@ -76,7 +76,7 @@ def resolve_mesh(mesh: Mesh | None, what: str) -> Mesh:
             rank, _ = rank_world()
             raise ValueError(
                 f"rank {rank}: {what}: no mesh given and no global mesh set "
-                "(pass mesh= or call ringlet.sharding.set_global_mesh)"
+                "(pass mesh= or call ringlet.xla.sharding.set_global_mesh)"
             )
     return check_mesh(mesh, what)
 

@@ -1,9 +1,9 @@
-"""Eager sharded tensors: each rank of a :class:`~ringlet.sharding.Mesh` keeps only its shard.
+"""Eager sharded tensors: each rank of a :class:`~ringlet.xla.sharding.Mesh` keeps only its shard.
 
 This is torch_xla's ``mark_sharding`` API made real for eager, multi-process
 execution: every mesh device id is a rank, and a tensor sharded by a partition
 spec is held as one padded shard per rank (see
-:func:`ringlet.sharding.shard_indices` for the layout rules). Communication
+:func:`ringlet.xla.sharding.shard_indices` for the layout rules). Communication
 happens only where a value has to move:
 
 * :attr:`XLAShardedTensor.global_tensor` all-gathers the shards along the mesh
@@ -23,7 +23,7 @@ Differences from torch_xla worth knowing:
   ``data`` becomes this rank's padded shard, so modules train on shards and
   :func:`ringlet.checkpoint.sharded_state_dict` finds them. Other tensors are
   left unchanged and the returned sharded tensor owns a copy of the shard.
-* ``sharding_spec`` is a :class:`~ringlet.sharding.ShardingSpec`;
+* ``sharding_spec`` is a :class:`~ringlet.xla.sharding.ShardingSpec`;
   ``str(t.sharding_spec.op_sharding)`` gives XLA's textual form.
 * ``XLAShard.indices`` follows torch_xla (a list of ``slice(start, stop, 1)``,
   or ``...`` when the tensor is replicated or 0-d); ``XLAShard.data`` shares
@@ -279,7 +279,7 @@ class XLAShardedTensor:
 
     Args:
         local_shard (torch.Tensor): this rank's padded shard, of exactly the
-            shape given by :func:`ringlet.sharding.shard_indices`.
+            shape given by :func:`ringlet.xla.sharding.shard_indices`.
         mesh (Mesh): the mesh; its size must equal the world size.
         partition_spec (PartitionSpec): one entry per tensor dimension.
         global_shape (Sequence[int]): shape of the whole tensor.
@@ -359,7 +359,7 @@ class XLAShardedTensor:
 
         Example:
             >>> # on 2 ranks: rank r holds rows [2r, 2r + 2) of a 4 x 3 tensor
-            >>> mesh = ringlet.sharding.get_1d_mesh("x")
+            >>> mesh = ringlet.xla.sharding.get_1d_mesh("x")
             >>> local = torch.full((2, 3), float(ringlet.get_ordinal()))
             >>> XLAShardedTensor.from_local_shards(local, mesh, ("x", None)).global_shape
             torch.Size([4, 3])
@@ -813,7 +813,7 @@ def clear_sharding(t: ShardableTensor) -> torch.Tensor:
         torch.Tensor: the full tensor.
 
     Example:
-        >>> st = mark_sharding(torch.arange(4.0), ringlet.sharding.get_1d_mesh(), (0,))
+        >>> st = mark_sharding(torch.arange(4.0), ringlet.xla.sharding.get_1d_mesh(), (0,))
         >>> clear_sharding(st)
         tensor([0., 1., 2., 3.])
     """

@@ -8,7 +8,7 @@ sharded tensors built on it (:mod:`ringlet.xla.sharded_tensor`:
 torch_xla's module helpers (:class:`XLAPatchedLinear`, ...), defined here.
 
 Example:
-    >>> import ringlet.sharding as xs          # or ringlet.xla.sharding
+    >>> import ringlet.xla.sharding as xs          # or ringlet.xla.sharding
     >>> mesh = xs.Mesh(range(4), (2, 2), ("data", "model"))
     >>> xs.shard_indices((8, 8), mesh, ("data", "model"), rank=3).indices
     (slice(4, 8, None), slice(4, 8, None))
@@ -108,7 +108,7 @@ def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
 
 
 def __getattr__(name: str) -> Any:
-    # The rest of the algebra's private names, as ``ringlet.sharding`` had them
+    # The rest of the algebra's private names, as ``ringlet.xla.sharding`` had them
     # before the split (read live from ringlet.xla.mesh, e.g. ``_GLOBAL_MESH``).
     if name.startswith("_") and not name.startswith("__"):
         if hasattr(_mesh, name):

@@ -15,7 +15,7 @@
 ``torch.distributed.init_process_group("ringlet")``.
 
 Example:
-  >>> import ringlet.compat.bagua as bagua
+  >>> import ringlet.bagua.compat as bagua
   >>> optimizer = bagua.contrib.fuse_optimizer(optimizer)
 """
 

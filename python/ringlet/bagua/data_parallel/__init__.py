@@ -14,8 +14,8 @@ at a forward is initialised again (QAdam after its warm-up, asynchronous
 averaging after its own).
 
 Example:
-  >>> import ringlet.compat.bagua as bagua
-  >>> from ringlet.compat.bagua.algorithms import bytegrad
+  >>> import ringlet.bagua.compat as bagua
+  >>> from ringlet.bagua.compat.algorithms import bytegrad
   >>> bagua.init_process_group()
   >>> opt = torch.optim.SGD(model.parameters(), lr=0.01)
   >>> model = model.with_bagua([opt], bytegrad.ByteGradAlgorithm())
@@ -469,7 +469,7 @@ def install(prefix: str = "ringlet") -> None:
 
     Args:
       prefix (str): ``"ringlet"`` (on import) or ``"bagua"`` (by
-        ``import ringlet.compat.bagua``).
+        ``import ringlet.bagua.compat``).
     """
     setattr(torch.nn.Module, f"with_{prefix}", with_ringlet)
 

@@ -3,7 +3,7 @@
 ``inner`` of :class:`ringlet.bagua.data_parallel.DistributedDataParallel`.
 
 Example:
-  >>> from ringlet.compat.bagua.data_parallel.bagua_distributed import (
+  >>> from ringlet.bagua.compat.data_parallel.bagua_distributed import (
   ...     BaguaDistributedDataParallel)
   >>> isinstance(model.with_bagua([opt], algorithm).bagua_ddp, BaguaDistributedDataParallel)
   True

@@ -7,7 +7,7 @@ the same class here; Bagua's fallback to torch's own DDP for arguments it
 does not support is not taken: those arguments are accepted and unused.
 
 Example:
-  >>> from ringlet.compat.bagua.data_parallel.distributed import DistributedDataParallel
+  >>> from ringlet.bagua.compat.data_parallel.distributed import DistributedDataParallel
   >>> net = DistributedDataParallel(model, optimizers=[opt], algorithm=algorithm)
   >>> net.bagua_algorithm.abort(net)        # asynchronous averaging: the wrapper is accepted
 """

@@ -6,7 +6,7 @@
 // ABI differs between torch versions, and the wheel accepts a range of them.
 //
 // The Backend is a thin shell around the Python process group
-// (ringlet.c10d.ProcessGroupRinglet), which it holds:
+// (ringlet.distributed.c10d.ProcessGroupRinglet), which it holds:
 //  * the hot collectives on dense contiguous CPU tensors (all_reduce,
 //    all_gather_into_tensor, reduce_scatter_tensor, broadcast, barrier,
 //    all_to_all_single), when synchronous, call the Rust engine through its
@@ -810,7 +810,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init(&RingletBackend::create), py::arg("pg"), py::arg("table"),
            py::arg("timeout_s"))
       .def("python_group", &RingletBackend::pythonGroup,
-           "The Python process group (ringlet.c10d.ProcessGroupRinglet) behind this Backend.")
+           "The Python process group (ringlet.distributed.c10d.ProcessGroupRinglet) behind this Backend.")
       .def_property_readonly("native_connected", &RingletBackend::nativeConnected,
                              "Whether the engine handle is in place (after the first collective).")
       .def_property_readonly("native_calls", &RingletBackend::nativeCalls,
