@@ -26,6 +26,7 @@ use super::frame::{Desc, Header, Kind, Place, DESC_BYTES, HEADER_BYTES};
 use super::status;
 use crate::error::{Error, Result};
 use crate::sys;
+use crate::transport::tcp::{hello_bytes, read_hello, RPC_MAGIC};
 use std::any::Any;
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -37,8 +38,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-const HELLO_MAGIC: u64 = 0x5249_4e47_5250_4301; // "RINGRPC\x01"
-const HELLO_BYTES: usize = 32;
 /// Longest sleep of the deadline thread.
 const TIMER_IDLE: Duration = Duration::from_millis(200);
 /// Destinations at least this large are backed by huge pages before a fetch.
@@ -657,24 +656,16 @@ fn read_vec(s: &mut TcpStream, n: usize) -> std::io::Result<Vec<u8>> {
 /// Largest allocation made before the bytes it is for have arrived.
 const READ_CHUNK: usize = 64 << 20;
 
-fn read_hello(s: &mut TcpStream) -> Option<[u64; 4]> {
-    let mut b = [0u8; HELLO_BYTES];
-    s.read_exact(&mut b).ok()?;
-    let mut w = [0u64; 4];
-    for (i, x) in w.iter_mut().enumerate() {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[i * 8..i * 8 + 8]);
-        *x = u64::from_le_bytes(a);
-    }
-    Some(w)
+/// This worker's hello (the transport's handshake, with the RPC magic and
+/// the pid as the extra word).
+fn hello(token: u64, rank: usize) -> Vec<u8> {
+    hello_bytes(RPC_MAGIC, token, rank, &[u64::from(sys::pid())])
 }
 
-fn hello(token: u64, rank: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(HELLO_BYTES);
-    for w in [HELLO_MAGIC, token, rank as u64, sys::pid() as u64] {
-        v.extend_from_slice(&w.to_le_bytes());
-    }
-    v
+/// A peer's hello: its token, rank and pid.
+fn read_greeting(s: &mut TcpStream) -> Option<(u64, usize, u32)> {
+    let (token, rank, [pid]) = read_hello::<1>(s, RPC_MAGIC)?;
+    Some((token, rank, pid as u32))
 }
 
 impl Inner {
@@ -709,15 +700,14 @@ impl Inner {
     fn admit(self: Arc<Self>, mut s: TcpStream) {
         let ok = s.set_nonblocking(false).is_ok()
             && s.set_read_timeout(Some(Duration::from_secs(10))).is_ok();
-        let greeting = if ok { read_hello(&mut s) } else { None };
+        let greeting = if ok { read_greeting(&mut s) } else { None };
         match greeting {
-            Some([magic, token, rank, pid])
-                if magic == HELLO_MAGIC
-                    && token == self.token
-                    && (self.world() == 0 || (rank as usize) < self.world())
+            Some((token, rank, pid))
+                if token == self.token
+                    && (self.world() == 0 || rank < self.world())
                     && s.set_read_timeout(None).is_ok() =>
             {
-                let _ = self.register(s, rank as usize, pid as u32, false);
+                let _ = self.register(s, rank, pid, false);
             }
             _ => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -778,12 +768,8 @@ impl Inner {
         s.write_all(&hello(self.token, self.rank))
             .map_err(|e| lost(to, "greet", e))?;
         // The peer's pid comes back as its own greeting.
-        let pid = match read_hello(&mut s) {
-            Some([magic, token, rank, pid])
-                if magic == HELLO_MAGIC && token == self.token && rank as usize == to =>
-            {
-                pid as u32
-            }
+        let pid = match read_greeting(&mut s) {
+            Some((token, rank, pid)) if token == self.token && rank == to => pid,
             _ => return Err(lost(to, "greet", "the peer refused the connection")),
         };
         let conn = self.register(s, to, pid, true)?;

@@ -6,10 +6,14 @@
 
 use super::*;
 
-pub(super) const HELLO_MAGIC: u64 = 0x5249_4e47_4c45_5401; // "RINGLET\x01"
+/// The collective mesh's magic: "RINGLET\x01".
+pub(super) const HELLO_MAGIC: u64 = 0x5249_4e47_4c45_5401;
+/// The RPC agent's magic: "RINGRPC\x01" (its hello adds the pid).
+pub(crate) const RPC_MAGIC: u64 = 0x5249_4e47_5250_4301;
 
 /// Longest an incoming connection may take to send its hello.
 pub(super) const HELLO_PATIENCE: Duration = Duration::from_secs(2);
+/// A mesh hello: magic, token, rank.
 pub(super) const HELLO_BYTES: usize = 24;
 
 /// An accepted connection whose hello (magic, job token, rank) is being read.
@@ -64,25 +68,54 @@ impl Hello {
                 Err(_) => return HelloState::Rejected,
             }
         }
-        let word =
-            |i: usize| u64::from_le_bytes(self.buf[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-        let (magic, tok) = (word(0), word(1));
-        let Ok(peer) = usize::try_from(word(2)) else {
-            return HelloState::Rejected;
-        };
-        if magic != HELLO_MAGIC {
-            return HelloState::Rejected;
+        match parse_hello(&self.buf, HELLO_MAGIC) {
+            Some((token, peer)) => HelloState::Done { token, peer },
+            None => HelloState::Rejected,
         }
-        HelloState::Done { token: tok, peer }
     }
 }
 
-/// Sends the hello that identifies this rank on a new connection.
-pub(super) fn say_hello(s: &TcpStream, token: u64, rank: usize) -> std::io::Result<()> {
-    let mut hello = Vec::with_capacity(HELLO_BYTES);
-    for w in [HELLO_MAGIC, token, rank as u64] {
+/// Little-endian word `i` of a hello (0 past its end).
+fn word(buf: &[u8], i: usize) -> u64 {
+    buf.get(i * 8..i * 8 + 8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// The token and the sender's rank of a whole hello (its first three words),
+/// or `None` when it does not start with `magic` or the rank is impossible.
+pub(crate) fn parse_hello(buf: &[u8], magic: u64) -> Option<(u64, usize)> {
+    if buf.len() < HELLO_BYTES || word(buf, 0) != magic {
+        return None;
+    }
+    Some((word(buf, 1), usize::try_from(word(buf, 2)).ok()?))
+}
+
+/// The bytes of a hello: `magic`, `token`, `rank`, then `extra`, as
+/// little-endian words.
+pub(crate) fn hello_bytes(magic: u64, token: u64, rank: usize, extra: &[u64]) -> Vec<u8> {
+    let mut hello = Vec::with_capacity(HELLO_BYTES + 8 * extra.len());
+    for w in [magic, token, rank as u64].iter().chain(extra) {
         hello.extend_from_slice(&w.to_le_bytes());
     }
+    hello
+}
+
+/// Sends the hello that identifies this rank on a new mesh connection.
+pub(super) fn say_hello(s: &TcpStream, token: u64, rank: usize) -> std::io::Result<()> {
     let mut s = s;
-    s.write_all(&hello)
+    s.write_all(&hello_bytes(HELLO_MAGIC, token, rank, &[]))
+}
+
+/// Reads a whole hello of three words and `E` more from a blocking stream:
+/// the token, the rank and the extra words, or `None` when the stream ends
+/// or fails first or the hello is not `magic`'s.
+pub(crate) fn read_hello<const E: usize>(
+    s: &mut TcpStream,
+    magic: u64,
+) -> Option<(u64, usize, [u64; E])> {
+    let mut buf = vec![0u8; HELLO_BYTES + 8 * E];
+    s.read_exact(&mut buf).ok()?;
+    let (token, rank) = parse_hello(&buf, magic)?;
+    Some((token, rank, std::array::from_fn(|i| word(&buf, 3 + i))))
 }

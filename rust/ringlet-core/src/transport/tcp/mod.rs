@@ -42,6 +42,7 @@ use handshake::*;
 use transfer::*;
 
 pub use connect::listen;
+pub(crate) use handshake::{hello_bytes, read_hello, RPC_MAGIC};
 pub use transfer::Xfer;
 
 /// The streams of one communicator: a full mesh, or opened on demand.
