@@ -413,7 +413,7 @@ def _not_provided(fullname: str) -> Optional[str]:
 
 class NotProvidedError(ModuleNotFoundError):
     """Raised on importing a Bagua module ringlet does not provide; its
-    ``name`` is the module's ``ringlet.bagua.compat...`` path."""
+    ``name`` is Bagua's own name of the module (``bagua.torch_api...``)."""
 
 
 NotProvidedError.__module__ = _PUBLIC
@@ -428,9 +428,12 @@ class _NotProvidedFinder(importlib.abc.MetaPathFinder):
     ) -> Optional[importlib.machinery.ModuleSpec]:
         message = _not_provided(fullname)
         if message is not None:
-            # named by the public path: a from-import asks for the module by
-            # its home's name and would take an error of that name for "absent"
-            raise NotProvidedError(message, name=message.split("'")[1])
+            # named by Bagua's name: a from-import (``from ringlet.bagua.compat
+            # import moe``) would take an error named by the path it asked for
+            # as "absent" and say "cannot import name" instead
+            bagua_name = message.partition("(bagua.torch_api.")[2].partition(")")[0]
+            bagua_name = f"bagua.torch_api.{bagua_name}"
+            raise NotProvidedError(message, name=bagua_name)
         return None
 
 
