@@ -22,6 +22,7 @@ pub mod registry;
 pub mod rpc;
 mod simd;
 mod sys;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod transport;
 

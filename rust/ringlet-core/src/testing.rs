@@ -1,5 +1,7 @@
 //! Helpers to run a communicator per thread inside one process (Rust tests and
-//! benchmarks): ranks are threads, the peer table is built in memory.
+//! benchmarks): ranks are threads, the peer table is built in memory. Behind
+//! the `testing` cargo feature (or `cfg(test)`); the crate's integration
+//! tests and benchmarks turn it on through a dev-dependency on the crate itself.
 
 use crate::error::Result;
 use crate::group::{Communicator, Config};
