@@ -45,12 +45,14 @@ _ENV_COMPLETE = "<the launching process's whole environment>"
 
 def start_context() -> Any:
     """The multiprocessing context ``launch`` starts ranks with (and tests that
-    start processes of their own): ``forkserver``
-    with ``_PRELOAD`` imported in the server (started at the first launch, after
-    the session's native Backend build), or ``spawn`` where RINGLET_TEST_START=spawn
-    asks for fresh interpreters. Either way a rank gets the launching process's
-    environment, working directory and ``sys.path`` at the launch, and nothing
-    else of its state."""
+    start processes of their own): ``forkserver`` with ``_PRELOAD`` imported in
+    the server (started at the first launch, after the session's native Backend
+    build), or ``spawn`` where RINGLET_TEST_START=spawn asks for fresh
+    interpreters. Either way a process gets the working directory and
+    ``sys.path`` of the test at its start and nothing else of its state; a rank
+    of ``launch`` gets the test's whole environment too, while a process a test
+    starts itself from a forkserver has the server's (the session's at the
+    first launch)."""
     method = os.environ.get("RINGLET_TEST_START", "forkserver")
     if method not in ("forkserver", "spawn"):
         raise ValueError(f"RINGLET_TEST_START={method!r}: expected 'forkserver' or 'spawn'")
