@@ -16,7 +16,7 @@ from ringlet.bench import lm
 
 TINY = ["--d-model", "32", "--layers", "2", "--heads", "2", "--ctx", "32", "--corpus-mb",
         "0.3", "--steps", "12", "--target-steps", "6", "--eval-every", "3", "--sync-every", "4",
-        "--fragments", "2", "--lr", "3e-3"]
+        "--fragments", "2", "--delay", "1", "--lr", "3e-3"]
 
 
 def test_lm_part_runs_on_one_host(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_lm_part_runs_on_one_host(tmp_path: Path) -> None:
     try:  # ringlet's own DiLoCo, where this checkout has it
         from ringlet.algorithms import DiLoCo  # noqa: F401
 
-        modes.append("diloco")
+        modes += ["diloco", "streaming-int4"]
     except ImportError:
         pass
     out = tmp_path / "lm.json"

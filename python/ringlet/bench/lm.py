@@ -51,7 +51,7 @@ after the mode: every byte, TCP/IP headers and retransmissions included).
 The report: the target loss is ``ddp-ringlet``'s eval loss after
 ``--target-steps`` steps (``--target LOSS`` to set it; without
 ``ddp-ringlet``, the first DDP mode's), and per mode the time it first
-reached it (at an eval point), its speed-up over ``ddp-ringlet`` and
+reached it (at an eval point, within 0.001), its speed-up over ``ddp-ringlet`` and
 ``diloco-hand-gloo``, its total time over the ``local`` floor's for the same
 number of steps, the MB each host sent, and the bytes a host sent per full
 sync (all the weights once: every step for the DDP modes, every H steps for
@@ -642,11 +642,17 @@ def target_loss(result: dict[str, Any]) -> Optional[float]:
     return None
 
 
-def time_to(curve: list[list[Any]], target: float) -> Optional[tuple[int, float]]:
+TARGET_TOL = 1e-3
+"""A loss within this of the target counts as reaching it (DDP on gloo and on
+ringlet differ by rounding: 5e-5 after 60 steps)."""
+
+
+def time_to(curve: list[list[Any]], target: float,
+            tol: float = TARGET_TOL) -> Optional[tuple[int, float]]:
     """The first eval point (step, seconds) at which ``curve`` reached
-    ``target`` (eval loss at most the target)."""
+    ``target`` (eval loss at most the target + ``tol``)."""
     for step, secs, loss, _ in curve:
-        if step > 0 and loss <= target + 1e-12:
+        if step > 0 and loss <= target + tol:
             return int(step), float(secs)
     return None
 
@@ -721,7 +727,8 @@ def tables(result: dict[str, Any]) -> str:
                 f"(tbf burst {netns.BURST} latency {netns.LATENCY})")
     target = target_loss(result)
     how = ("set by --target" if cfg.get("target") is not None
-           else f"ddp-ringlet's eval loss after {cfg['target_steps']} steps")
+           else f"ddp-ringlet's eval loss after {cfg['target_steps']} steps"
+           if target is not None else "no DDP mode ran: none")
     ref = "diloco-fp32" if "diloco-fp32" in result["runs"] else "diloco-hand-gloo"
     lines = [
         f"`{result.get('command', '')}`", "",
@@ -733,7 +740,7 @@ def tables(result: dict[str, Any]) -> str:
         f"streaming: {cfg['fragments']} fragments, delay {cfg['delay']}. Target loss "
         + ("-" if target is None else f"{target:.3f}") + f" ({how}); times are training "
         "time (eval excluded), time to target at the first eval point "
-        f"(every {cfg['eval_every']} steps) at or below it.", "",
+        f"(every {cfg['eval_every']} steps) at or below it (+{TARGET_TOL}).", "",
         "| mode | steps | final eval loss | time to target (s) | vs ddp-ringlet | "
         "vs diloco-hand-gloo | total (s) | total / local floor | MB sent per host | "
         f"bytes per full sync | fewer than {ref} |",
@@ -744,7 +751,7 @@ def tables(result: dict[str, Any]) -> str:
         return "-" if v is None else format(v, fmt) + suffix
 
     for mode, row in summary(result).items():
-        hit = ("not reached" if row["to_target_s"] is None
+        hit = ("-" if target is None else "not reached" if row["to_target_s"] is None
                else f"{row['to_target_s']:.1f} (step {row['to_target_step']})")
         host = " / ".join(f(v, ".1f") for v in row["host_mb"].values()) or "-"
         per_sync = "-" if row["bytes_per_sync"] is None else _fmt_bytes(row["bytes_per_sync"])
@@ -785,7 +792,8 @@ def plot(result: dict[str, Any], path: str) -> None:
     target = target_loss(result)
     if target is not None:
         ax.axhline(target, color="k", lw=0.8, ls=":", label=f"target {target:.3f}")
-    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(left=0)
+    ax.set_ylim(top=4.8)  # the first steps fall from ln 256 = 5.5: the race is below
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("eval loss (nats per byte)")
     ax.grid(True, alpha=0.3)
