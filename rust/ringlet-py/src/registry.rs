@@ -1,6 +1,6 @@
 //! Binding of the tensor registry (`ringlet_core::registry`): one
 //! `TensorModule` per model, whose proxies are resolved, staged, waited on and
-//! custom-reduced through Python callables that `ringlet.tensor` supplies.
+//! custom-reduced through Python callables that `ringlet.bagua.tensor` supplies.
 //!
 //! The worker thread takes the GIL only to call those callables. A Python
 //! exception raised inside one is kept and re-raised, unchanged, by
@@ -69,7 +69,7 @@ impl Resolver for PyResolver {
                         meta.name
                     )));
                 }
-                // SAFETY: `ringlet.tensor` returns the data pointer and element
+                // SAFETY: `ringlet.bagua.tensor` returns the data pointer and element
                 // count of a contiguous CPU tensor of this dtype, and `tensor`
                 // (kept as the owner) keeps its storage alive. The tensor is
                 // not used by Python while its bucket is in flight (the caller
@@ -84,7 +84,7 @@ impl Resolver for PyResolver {
                 if mirror_ptr == 0 {
                     return Ok(Effective::device(Box::new(mem), numel, d, device));
                 }
-                // SAFETY: `ringlet.tensor` returns the address of a contiguous
+                // SAFETY: `ringlet.bagua.tensor` returns the address of a contiguous
                 // page-locked host tensor of exactly this tensor's size
                 // (`mirror`, kept as the owner, keeps it alive), reserved for
                 // staging this tensor and used by nothing else meanwhile.

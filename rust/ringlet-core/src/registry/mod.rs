@@ -1,5 +1,5 @@
 //! Named tensors, proxies, buckets and the bucket worker: the machinery under
-//! the Bagua-style tensor API (`ringlet.tensor`) and `ringlet.DistributedDataParallel`.
+//! the Bagua-style tensor API (`ringlet.bagua.tensor`) and `ringlet.DistributedDataParallel`.
 //!
 //! * A [`Module`] holds tensors registered by unique name. Each is a *proxy*:
 //!   the engine never keeps its address. When a bucket is communicated, the
