@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from types import TracebackType
 from typing import Any, Optional
 
 import torch
@@ -46,6 +47,35 @@ def buckets_of(params: list[torch.Tensor], backup_device: Any, what: str) -> lis
     for p in params:
         by.setdefault(p.dtype, []).append(p)
     return [FlatBucket(ps, backup_device, what) for ps in by.values()]
+
+
+class HookedAlgorithm:
+    """What DiLoCo and LocalSGD share as context managers over an inner
+    optimizer: the hooks' removal on exit, the replicas' state, ``close``."""
+
+    _hooks: list[Any]
+    _outer: OuterAverage
+
+    def __exit__(self, exc_type: Optional[type[BaseException]],
+                 exc_value: Optional[BaseException], traceback: Optional[TracebackType]) -> bool:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        return False
+
+    @property
+    def lost_replicas(self) -> list[int]:
+        """The ranks lost so far (the survivors went on without them)."""
+        return list(self._outer.lost)
+
+    @property
+    def replicas(self) -> list[int]:
+        """The global ranks of the replicas now averaging."""
+        return list(self._outer.replicas.members)
+
+    def close(self) -> None:
+        """Waits for any average in flight and closes the communicators."""
+        self._outer.close()
 
 
 class OuterAverage:

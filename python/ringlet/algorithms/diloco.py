@@ -3,7 +3,6 @@ process group, the outer average run by ringlet's engine."""
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any, Optional, Union
 
 import torch
@@ -12,7 +11,15 @@ from torch.utils.hooks import RemovableHandle
 
 from ..core import engine
 from ._flat import FlatBucket
-from ._sync import QUANTIZATIONS, OuterAverage, buckets_of, covered, logger, unique_params
+from ._sync import (
+    QUANTIZATIONS,
+    HookedAlgorithm,
+    OuterAverage,
+    buckets_of,
+    covered,
+    logger,
+    unique_params,
+)
 
 __all__ = ["DiLoCo"]
 
@@ -45,7 +52,7 @@ class _Fragment:
                 for b in self.buckets for i, p in enumerate(b.params)}
 
 
-class DiLoCo:
+class DiLoCo(HookedAlgorithm):
     """DiLoCo (Douillard et al., 2023) and Streaming DiLoCo (2025): each
     replica takes ``sync_every`` inner steps on its own, then the replicas
     average the pseudo-gradient (global weights minus local weights) and an
@@ -267,24 +274,6 @@ class DiLoCo:
             for b in f.buckets:
                 b.restore()
 
-    def __exit__(self, exc_type: Optional[type[BaseException]],
-                 exc_value: Optional[BaseException],
-                 traceback: Optional[TracebackType]) -> bool:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        return False
-
-    @property
-    def lost_replicas(self) -> list[int]:
-        """The ranks lost so far (the survivors went on without them)."""
-        return list(self._outer.lost)
-
-    @property
-    def replicas(self) -> list[int]:
-        """The global ranks of the replicas now averaging."""
-        return list(self._outer.replicas.members)
-
     def _current_fragment(self) -> int:
         return self._syncs % len(self._fragments)
 
@@ -395,6 +384,3 @@ class DiLoCo:
         self._syncs = int(state["syncs"])
         self._loaded = True
 
-    def close(self) -> None:
-        """Waits for any average in flight and closes the communicators."""
-        self._outer.close()

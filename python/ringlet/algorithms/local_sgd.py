@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn, optim
 from torch.utils.hooks import RemovableHandle
 
 from ..core import engine
-from ._sync import ArgumentError, OuterAverage, buckets_of, unique_params
+from ._sync import ArgumentError, HookedAlgorithm, OuterAverage, buckets_of, unique_params
 
 __all__ = ["LocalSGD"]
 
 
-class LocalSGD:
+class LocalSGD(HookedAlgorithm):
     """LocalSGD (Lin et al., 2018): every replica trains on its own and the
     parameters are averaged over the replicas every ``sync_every`` optimizer
     steps (after the step), in one engine operation per dtype.
@@ -63,19 +62,6 @@ class LocalSGD:
         self._hooks.append(self._local_optimizer.register_step_post_hook(self._step_post_hook))
         return self
 
-    def __exit__(self, exc_type: Optional[type[BaseException]],
-                 exc_value: Optional[BaseException],
-                 traceback: Optional[TracebackType]) -> bool:
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        return False
-
-    @property
-    def lost_replicas(self) -> list[int]:
-        """The ranks lost so far (the survivors went on without them)."""
-        return list(self._outer.lost)
-
     def _step_post_hook(self, _optim: optim.Optimizer, _args: Any, _kwargs: Any) -> None:
         self._local_step += 1
         if self._local_step >= self._sync_every:
@@ -96,6 +82,3 @@ class LocalSGD:
             engine.scatter(b.avg, b.params)
         self._local_step = 0
 
-    def close(self) -> None:
-        """Closes the communicators."""
-        self._outer.close()

@@ -33,11 +33,13 @@ class MemberComms:
 
 
 def store_host(store: Any) -> Optional[str]:
-    """The host of a TCPStore (through any PrefixStore), or None."""
-    host = getattr(store, "host", None)
-    if host is None and hasattr(store, "underlying_store"):
-        return store_host(store.underlying_store)
-    return host
+    """The host of a TCPStore (through any nested PrefixStores), or None."""
+    while store is not None:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+    return None
 
 
 def local_address(store: Any) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import weakref
 from datetime import timedelta
@@ -32,6 +31,7 @@ from torch._C._distributed_c10d import ProcessGroup
 
 from .. import _core, errors, runtime
 from .._engine import _check
+from ..core import local_address
 from . import _native
 from ._pg_args import _write_back
 from ._pg_collectives import _Collectives
@@ -49,16 +49,6 @@ def _run_now(queue: Any, fn: Callable[[], Any]) -> bool:
         return bool(queue.run_now(fn))
     except BaseException as e:
         raise _DistErrors.convert(e) from None
-
-
-def _store_host(store: Any) -> Optional[str]:
-    """The host of the TCPStore under (possibly nested) prefix stores."""
-    while store is not None:
-        host = getattr(store, "host", None)
-        if isinstance(host, str) and host:
-            return host
-        store = getattr(store, "underlying_store", None)
-    return None
 
 
 def _store_wait(store: Any, key: str, deadline: float) -> tuple[bool, Optional[str]]:
@@ -251,8 +241,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
             f"a process group of ranks {self._members}")
 
     def _addr(self) -> str:
-        master = os.environ.get("MASTER_ADDR") or _store_host(self._store) or "127.0.0.1"
-        return runtime._local_ip(master)
+        return local_address(self._store)
 
     def _world(self, block: bool = False) -> Any:
         """The group's communicator, connected on first use (on the progress

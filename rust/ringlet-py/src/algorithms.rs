@@ -335,13 +335,15 @@ pub(crate) fn minmax_uint8_compress(
     out_ptr: usize,
     out_nbytes: usize,
 ) -> PyResult<()> {
-    let d = dtype(dtype_name)?;
-    let (i, o) = crate::in_out(in_ptr, nbytes, out_ptr, out_nbytes)?;
-    // SAFETY: two distinct (checked) contiguous CPU tensors the caller keeps
-    // alive and does not touch during the call.
-    run(py, move || {
-        alg::codec::compress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
-    })
+    codec_compress(
+        py,
+        "MinMaxUInt8",
+        in_ptr,
+        nbytes,
+        dtype_name,
+        out_ptr,
+        out_nbytes,
+    )
 }
 
 /// MinMaxUInt8: decompresses `in_nbytes` at `in_ptr` into `nbytes` of
@@ -355,18 +357,21 @@ pub(crate) fn minmax_uint8_decompress(
     nbytes: usize,
     dtype_name: &str,
 ) -> PyResult<()> {
-    let d = dtype(dtype_name)?;
-    let (i, o) = crate::in_out(in_ptr, in_nbytes, out_ptr, nbytes)?;
-    // SAFETY: as in `minmax_uint8_compress`.
-    run(py, move || {
-        alg::codec::decompress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
-    })
+    codec_decompress(
+        py,
+        "MinMaxUInt8",
+        in_ptr,
+        in_nbytes,
+        out_ptr,
+        nbytes,
+        dtype_name,
+    )
 }
 
 /// Bytes a chunk of `elements` elements of `dtype_name` compresses to.
 #[pyfunction]
 pub(crate) fn minmax_uint8_compressed_len(dtype_name: &str, elements: usize) -> PyResult<usize> {
-    Ok(alg::codec::compressed_len(dtype(dtype_name)?, elements))
+    codec_compressed_len("MinMaxUInt8", dtype_name, elements)
 }
 
 /// `shift_one`'s peer of `rank` among `n` ranks at communication step `step`.
@@ -506,7 +511,8 @@ pub(crate) fn codec_compress(
     let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
     let d = dtype(dtype_name)?;
     let (i, o) = crate::in_out(in_ptr, nbytes, out_ptr, out_nbytes)?;
-    // SAFETY: as in `minmax_uint8_compress`.
+    // SAFETY: two distinct (checked) contiguous CPU tensors the caller keeps
+    // alive and does not touch during the call.
     run(py, move || {
         c.compress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
     })
@@ -528,7 +534,7 @@ pub(crate) fn codec_decompress(
     let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
     let d = dtype(dtype_name)?;
     let (i, o) = crate::in_out(in_ptr, in_nbytes, out_ptr, nbytes)?;
-    // SAFETY: as in `minmax_uint8_compress`.
+    // SAFETY: as in `codec_compress`.
     run(py, move || {
         c.decompress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
     })
