@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from . import netns
-from .hosts import launch_in_hosts, parse_layout
+from .hosts import launch_here, launch_in_hosts, parse_layout
 
 PROGRESS = "ringlet.bench algorithms:"
 NEED_ROOT = "ringlet.bench algorithms needs root to create network namespaces (run it with sudo)"
@@ -343,26 +343,6 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _launch_here(n: int, cfg: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
-    """One host (``--layout N``): torchrun on this machine, no namespaces."""
-    import subprocess
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg))
-    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "RINGLET_HOST_ID")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(n), "-m", "ringlet.bench.algorithms", "--worker", str(out)]
-    res = subprocess.run(argv, env=env, timeout=timeout, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{PROGRESS} torchrun failed:\n{res.stdout[-4000:]}{res.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    result["layout"] = [n]
-    return result
-
-
 def main() -> None:
     """Entry point of ``python -m ringlet.bench algorithms`` (and, with
     ``--worker DIR``, of each rank under torchrun)."""
@@ -433,7 +413,7 @@ def main() -> None:
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ringlet-bench-alg-"))
     try:
         if one_host:
-            result = _launch_here(layout[0], cfg, out, args.timeout)
+            result = launch_here("ringlet.bench.algorithms", layout[0], cfg, out, args.timeout)
         else:
             result = launch_in_hosts(layout, rate, "ringlet.bench.algorithms", cfg, out,
                                      args.timeout, args.tag, args.keep is not None, PROGRESS)

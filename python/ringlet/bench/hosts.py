@@ -505,6 +505,41 @@ def run_hosts(layout: list[int], rate: Optional[str], ops: list[str], sizes: lis
     return result
 
 
+def launch_here(module: str, n: int, cfg: dict[str, Any], out: Path,
+                timeout: float) -> dict[str, Any]:
+    """One host (``--layout N``): ``torchrun`` on this machine, no namespaces,
+    running ``python -m <module> --worker <out>`` with ``cfg`` in
+    ``out/config.json``; returns the ``out/result.json`` the ranks wrote.
+
+    Args:
+      module (str): The bench module (``ringlet.bench.algorithms``, ...).
+      n (int): Ranks.
+      cfg (dict): The workers' configuration.
+      out (Path): The run's directory.
+      timeout (float): Seconds for the whole launch.
+
+    Returns:
+      dict: The result, with ``layout`` = ``[n]``.
+
+    Example:
+      >>> launch_here("ringlet.bench.lm", 2, cfg, Path("/tmp/run"), 600.0)
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg))
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "RINGLET_HOST_ID", "GLOO_SOCKET_IFNAME")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(n), "-m", module, "--worker", str(out)]
+    res = subprocess.run(argv, env=env, timeout=timeout, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{module}: torchrun failed:\n{res.stdout[-4000:]}{res.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    result["layout"] = [n]
+    return result
+
+
 def launch_in_hosts(layout: list[int], rate: Optional[str], module: str, cfg: dict[str, Any],
                     out: Path, timeout: float, tag: str, keep: bool, progress: str,
                     extra_env: Optional[dict[str, str]] = None) -> dict[str, Any]:

@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import netns
-from .hosts import launch_in_hosts, parse_layout
+from .hosts import launch_here, launch_in_hosts, parse_layout
 
 PROGRESS = "ringlet.bench algorithms:"
 NEED_ROOT = "ringlet.bench algorithms needs root to create network namespaces (run it with sudo)"
@@ -809,21 +809,7 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 def _launch_here(n: int, cfg: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
     """One host (``--layout N``): torchrun on this machine, no namespaces."""
-    import subprocess
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg))
-    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "RINGLET_HOST_ID", "GLOO_SOCKET_IFNAME")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(n), "-m", "ringlet.bench.lm", "--worker", str(out)]
-    res = subprocess.run(argv, env=env, timeout=timeout, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{PROGRESS} torchrun failed:\n{res.stdout[-4000:]}{res.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    result["layout"] = [n]
+    result = launch_here("ringlet.bench.lm", n, cfg, out, timeout)
     result["cpus"] = os.cpu_count()
     return result
 
