@@ -8,22 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import timedelta
 from typing import Any, Optional
 
 import torch.distributed as dist
 
 from .. import runtime
-from ..core import connect_members, local_address
+from ..core import connect_members, group_timeout, local_address
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
-
-
-def _group_timeout(pg: Any) -> float:
-    try:
-        t = dist.distributed_c10d._get_default_timeout(dist.get_backend(pg))
-    except Exception:
-        t = timedelta(minutes=30)
-    return max(float(t.total_seconds()), 1.0)
 
 
 class Replicas:
@@ -40,7 +31,7 @@ class Replicas:
             self.members = [int(r) for r in dist.get_process_group_ranks(pg)]
             self.me = dist.get_rank()
             self.store = dist.distributed_c10d._get_default_store()
-            default_timeout = _group_timeout(pg)
+            default_timeout = group_timeout(pg)
             self.addr = local_address(self.store)
             prefix = ""
         elif runtime.is_initialized() and (group is None or hasattr(group, "ranks")):

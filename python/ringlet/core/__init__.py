@@ -10,6 +10,6 @@ are to join it):
   algorithms and DiLoCo.
 """
 
-from .members import MemberComms, connect_members, local_address
+from .members import MemberComms, connect_members, group_timeout, local_address
 
-__all__ = ["MemberComms", "connect_members", "local_address"]
+__all__ = ["MemberComms", "connect_members", "group_timeout", "local_address"]

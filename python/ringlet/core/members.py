@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Optional
 
 from .. import _core, runtime
@@ -40,6 +41,29 @@ def store_host(store: Any) -> Optional[str]:
             return host
         store = getattr(store, "underlying_store", None)
     return None
+
+
+def group_timeout(pg: Any) -> float:
+    """The default timeout, in seconds, of a torch process group's backend
+    (30 minutes where torch has none for it; at least 1 s).
+
+    Args:
+      pg (torch.distributed.ProcessGroup): The group.
+
+    Returns:
+      float: Seconds.
+
+    Example:
+      >>> group_timeout(dist.group.WORLD)
+      1800.0
+    """
+    import torch.distributed as dist
+
+    try:
+        t = dist.distributed_c10d._get_default_timeout(dist.get_backend(pg))
+    except Exception:
+        t = timedelta(minutes=30)
+    return max(float(t.total_seconds()), 1.0)
 
 
 def local_address(store: Any) -> str:

@@ -30,7 +30,6 @@ Example:
 import atexit
 import queue
 import threading
-from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -38,7 +37,7 @@ import torch.distributed as dist
 
 from .. import _core
 from .._engine import _DTYPE_NAMES
-from ..core import connect_members, engine, local_address
+from ..core import connect_members, engine, group_timeout, local_address
 
 __all__ = ["ByteGradState", "bytegrad_hook"]
 
@@ -81,7 +80,7 @@ class ByteGradState:
         if me not in members:
             raise ValueError(f"rank {me} is not in the DDP process group {members}")
         store = dist.distributed_c10d._get_default_store()
-        timeout = _timeout(pg)
+        timeout = group_timeout(pg)
         name = f"ringlet's ByteGrad hook over ranks {members}"
         # Members create states in the same order: the count agrees.
         count = int(store.add(f"ringlet/hooks/{','.join(map(str, members))}/{me}", 1))
@@ -163,14 +162,6 @@ class ByteGradState:
         self._queue.put(None)
         self._thread.join()
         self._members.close()
-
-
-def _timeout(pg: Any) -> float:
-    try:
-        t = dist.distributed_c10d._get_default_timeout(dist.get_backend(pg))
-    except Exception:
-        t = timedelta(minutes=30)
-    return max(float(t.total_seconds()), 1.0)
 
 
 def bytegrad_hook(state: ByteGradState,
