@@ -17,8 +17,6 @@ Example:
   ...                        ringlet.bagua.comm_hooks.allreduce_hook)
 """
 
-import queue
-import threading
 from typing import Optional
 
 import torch
@@ -26,12 +24,12 @@ import torch.distributed as dist
 
 from .. import runtime
 from .._engine import _DTYPE_NAMES
+from ..core.hook_worker import HookStates, HookWorker
 from .tensor import new_communicator
 
 __all__ = ["AllReduceState", "allreduce_hook"]
 
-_states: "list[AllReduceState]" = []
-_states_lock = threading.Lock()
+_states = HookStates()
 
 
 class AllReduceState:
@@ -54,14 +52,8 @@ class AllReduceState:
         self.average = average
         self.world_size = runtime._require().world_size
         self._comm = new_communicator("comm_hook")
-        self._queue: queue.SimpleQueue[Optional[tuple[torch.Tensor, torch.futures.Future]]] = (
-            queue.SimpleQueue()
-        )
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ringlet-comm-hook", daemon=True)
-        self._thread.start()
-        with _states_lock:
-            _states.append(self)
+        self._worker = HookWorker("ringlet-comm-hook", self._reduce)
+        _states.add(self)
 
     def submit(self, buffer: torch.Tensor) -> torch.futures.Future:
         """Queues one all-reduce of ``buffer`` (in place) on the worker.
@@ -73,7 +65,7 @@ class AllReduceState:
           torch.futures.Future: Completes with ``buffer`` once it holds the
           sum (or mean) over all ranks, or with the error that stopped it.
         """
-        if self._closed:
+        if self._worker.closed:
             raise RuntimeError("this AllReduceState was closed (ringlet.shutdown() ran)")
         if not buffer.is_cpu or not buffer.is_contiguous():
             raise ValueError(
@@ -85,33 +77,18 @@ class AllReduceState:
                 f"rank {runtime.get_ordinal()}: gradient bucket dtype {buffer.dtype} is not "
                 "supported by ringlet"
             )
-        fut: torch.futures.Future = torch.futures.Future()
-        self._queue.put((buffer, fut))
-        return fut
+        return self._worker.submit(buffer)
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            buf, fut = item
-            try:
-                self._comm.all_reduce(buf.data_ptr(), buf.nbytes, _DTYPE_NAMES[buf.dtype], "sum")
-                if self.average and self.world_size > 1:
-                    buf.div_(self.world_size)
-                fut.set_result(buf)
-            except BaseException as e:  # handed to whoever waits on the future
-                fut.set_exception(e)
+    def _reduce(self, buf: torch.Tensor) -> None:
+        self._comm.all_reduce(buf.data_ptr(), buf.nbytes, _DTYPE_NAMES[buf.dtype], "sum")
+        if self.average and self.world_size > 1:
+            buf.div_(self.world_size)
 
     def close(self) -> None:
         """Stops the worker (after the queued buckets) and closes the
         communicator. Idempotent; :func:`ringlet.shutdown` calls it."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join()
-        self._comm.close()
+        if self._worker.close():
+            self._comm.close()
 
 
 def allreduce_hook(
@@ -145,18 +122,14 @@ _default: Optional[AllReduceState] = None
 
 def _default_state() -> AllReduceState:
     global _default
-    if _default is None or _default._closed:
+    if _default is None or _default._worker.closed:
         _default = AllReduceState()
     return _default
 
 
 def close_states() -> None:
     """Closes every :class:`AllReduceState` (run by :func:`ringlet.shutdown`)."""
-    with _states_lock:
-        states = list(_states)
-        _states.clear()
-    for s in states:
-        s.close()
+    _states.close_all()
 
 
 runtime.on_shutdown(close_states)

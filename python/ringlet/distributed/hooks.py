@@ -28,8 +28,6 @@ Example:
 
 
 import atexit
-import queue
-import threading
 from typing import Any, Optional
 
 import torch
@@ -38,11 +36,11 @@ import torch.distributed as dist
 from .. import _core
 from .._engine import _DTYPE_NAMES
 from ..core import connect_members, engine, group_timeout, local_address
+from ..core.hook_worker import HookStates, HookWorker
 
 __all__ = ["ByteGradState", "bytegrad_hook"]
 
-_states: "list[ByteGradState]" = []
-_lock = threading.Lock()
+_states = HookStates()
 
 
 class ByteGradState:
@@ -94,15 +92,8 @@ class ByteGradState:
         self.error_feedback = error_feedback
         self.average = average
         self.op = _core.CentralizedOp(comms, average, "MinMaxUInt8", error_feedback)
-        self._queue: queue.SimpleQueue[Optional[tuple[torch.Tensor, int, Any]]] = (
-            queue.SimpleQueue()
-        )
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ringlet-bytegrad-hook",
-                                        daemon=True)
-        self._thread.start()
-        with _lock:
-            _states.append(self)
+        self._worker = HookWorker("ringlet-bytegrad-hook", self._reduce)
+        _states.add(self)
 
     def residuals(self, bucket_index: int) -> Optional[tuple[bytes, bytes]]:
         """Returns the error-feedback residuals of a bucket as raw bytes of
@@ -130,7 +121,7 @@ class ByteGradState:
           torch.futures.Future: Completes with ``buffer`` once it holds the
           mean (or sum), or with the error that stopped it.
         """
-        if self._closed:
+        if self._worker.closed:
             raise RuntimeError("this ByteGradState was closed")
         if not buffer.is_cpu or not buffer.is_contiguous():
             raise ValueError(f"rank {dist.get_rank()}: the ByteGrad hook takes contiguous CPU "
@@ -138,30 +129,15 @@ class ByteGradState:
         if not buffer.dtype.is_floating_point or buffer.dtype not in _DTYPE_NAMES:
             raise TypeError(f"rank {dist.get_rank()}: the ByteGrad hook compresses float32, "
                             f"float64, float16 and bfloat16 gradients, not {buffer.dtype}")
-        fut: torch.futures.Future = torch.futures.Future()
-        self._queue.put((buffer, key, fut))
-        return fut
+        return self._worker.submit(buffer, key)
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            buf, key, fut = item
-            try:
-                engine.apply(self.op, buf, key)
-                fut.set_result(buf)
-            except BaseException as e:  # handed to DDP, which raises it in backward
-                fut.set_exception(e)
+    def _reduce(self, buf: torch.Tensor, key: int) -> None:
+        engine.apply(self.op, buf, key)
 
     def close(self) -> None:
         """Stops the thread and closes the communicators (idempotent)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join()
-        self._members.close()
+        if self._worker.close():
+            self._members.close()
 
 
 def bytegrad_hook(state: ByteGradState,
@@ -186,11 +162,7 @@ def bytegrad_hook(state: ByteGradState,
 
 def close_states() -> None:
     """Closes every :class:`ByteGradState` (at interpreter exit)."""
-    with _lock:
-        states = list(_states)
-        _states.clear()
-    for s in states:
-        s.close()
+    _states.close_all()
 
 
 atexit.register(close_states)
