@@ -134,7 +134,8 @@ def main() -> None:
     dist.init_process_group("ringlet")
     c10d_layout = check_c10d(r, n)
     write(f"ok{r}.json", {
-        "layout": ringlet.host_layout(), "engine_layout": ringlet.runtime._world().host_layout(),
+        "layout": ringlet.host_layout(),
+        "engine_layout": ringlet.core.groups.world_comm().host_layout(),
         "c10d_layout": c10d_layout, "transport": ringlet.transport(),
         "peers": {str(k): v for k, v in ringlet.peer_transports().items()},
     })

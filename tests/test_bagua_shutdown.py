@@ -1,5 +1,5 @@
 """``ringlet.shutdown()`` closes the communicators of Bagua's process groups
-(the hook ``bagua.communication`` registers with ``runtime.on_shutdown``): the
+(the hook ``bagua.communication`` registers with ``core.groups.on_shutdown``): the
 default group's and a new group's global, intra- and inter-node communicators
 and an algorithm's dedicated one report ``failed()`` (closed) afterwards, a
 collective on a closed one raises, and Bagua's group table is empty."""

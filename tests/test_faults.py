@@ -120,7 +120,7 @@ def _workload(scenario: str, rank: int, world: int) -> object:
     if scenario == "world":
         return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(1 << 20)])
     if scenario == "two-level":  # two simulated hosts: shm within, TCP across
-        assert ringlet.runtime._require().hier is not None
+        assert ringlet.core.groups.require_state().hier is not None
         return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(1 << 18)])
     if scenario == "small":
         return lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [torch.ones(7)])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ringlet
-from ringlet import runtime
+from ringlet.core import groups
 
 from _reference import DTYPES, OPS, assert_matches, make_input, reduce, supported
 from conftest import launch
@@ -20,10 +20,10 @@ COUNTS = [0, 5, 70001, 300007]
 
 
 def two_level(rank: int, world: int, expect_hier: bool) -> None:
-    state = runtime._require()
+    state = groups.require_state()
     assert (state.hier is not None) == expect_hier
     if state.hier is not None:
-        layout = runtime.host_layout()
+        layout = groups.host_layout()
         assert state.comm.host_layout() == layout
         mine = next(g for g in layout if rank in g)
         assert state.hier.size == len(mine) and state.comm.transport == "tcp"

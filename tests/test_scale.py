@@ -26,7 +26,7 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
     ringlet.init(rank=rank, world_size=world, store=store)
     at_init = dict(store.counts)
     peers = ringlet.peer_transports()
-    world_comm = ringlet.runtime._world()
+    world_comm = ringlet.core.groups.world_comm()
     streams = [world_comm.open_streams()]  # none yet past 3 ranks over TCP
     ringlet.barrier()  # the doubling partners: rank xor 2^k
     streams.append(world_comm.open_streams())
@@ -59,13 +59,13 @@ def counted_init(rank: int, world: int, port: int) -> dict[str, Any]:
         # each connection reaches its group whichever thread accepted it.
         import threading
 
-        from ringlet import runtime
         from ringlet.bench.scale import _sockets
+        from ringlet.core import groups
 
         halves = [list(range(world // 2)), list(range(world // 2, world))]
         parity = [list(range(0, world, 2)), list(range(1, world, 2))]
         for g in (halves, parity):
-            runtime._group(g)
+            groups.group_comm(g)
         results: dict[str, Any] = {}
 
         def run(name: str, groups: list[list[int]]) -> None:
@@ -204,7 +204,7 @@ def test_a_store_without_a_blocking_wait_is_polled() -> None:
 
     import torch.distributed as dist
 
-    from ringlet import runtime
+    from ringlet.core.store import await_keys
 
     class Plain(dist.Store):
         def __init__(self) -> None:
@@ -222,10 +222,10 @@ def test_a_store_without_a_blocking_wait_is_polled() -> None:
 
     store = Plain()
     store.set("a", b"1")
-    runtime._await(store, ["a"], 5.0, block=True)  # set already: returns at once
+    await_keys(store, ["a"], 5.0, block=True)  # set already: returns at once
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=r"not set within 0\.3s"):
-        runtime._await(store, ["a", "b"], 0.3, block=True)
+        await_keys(store, ["a", "b"], 0.3, block=True)
     assert 0.25 < time.monotonic() - t0 < 5
 
 

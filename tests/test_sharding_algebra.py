@@ -185,7 +185,7 @@ def test_global_mesh(restore_global_mesh):
 
 
 def test_get_1d_mesh(monkeypatch):
-    monkeypatch.setattr(ringlet.runtime, "world_size", lambda: 4, raising=False)
+    monkeypatch.setattr(ringlet.core.groups, "world_size", lambda: 4, raising=False)
     mesh = get_1d_mesh("data")
     assert mesh.mesh_shape == (4,)
     assert mesh.axis_names == ("data",)
@@ -193,7 +193,7 @@ def test_get_1d_mesh(monkeypatch):
     unnamed = get_1d_mesh()
     assert unnamed.axis_names is None
     assert unnamed.shape() == OrderedDict([(0, 4)])
-    monkeypatch.setattr(ringlet.runtime, "world_size", lambda: 1, raising=False)
+    monkeypatch.setattr(ringlet.core.groups, "world_size", lambda: 1, raising=False)
     assert get_1d_mesh().get_logical_mesh().tolist() == [0]
 
 
@@ -547,7 +547,7 @@ def test_sharding_spec_rejects_bad_spec():
 
 @pytest.fixture
 def one_host(monkeypatch):
-    monkeypatch.setattr(ringlet.runtime, "host_layout", lambda: [[0, 1, 2, 3]],
+    monkeypatch.setattr(ringlet.core.groups, "host_layout", lambda: [[0, 1, 2, 3]],
                         raising=False)
 
 
@@ -567,7 +567,7 @@ def test_hybrid_mesh_one_host_default_layout(one_host):
 
 
 def test_hybrid_mesh_before_init(monkeypatch):
-    monkeypatch.setattr(ringlet.runtime, "host_layout", lambda: [[0]], raising=False)
+    monkeypatch.setattr(ringlet.core.groups, "host_layout", lambda: [[0]], raising=False)
     mesh = HybridMesh(ici_mesh_shape=(1,))
     assert mesh.get_logical_mesh().tolist() == [0]
     assert mesh.host_layout == ((0,),)
@@ -671,7 +671,7 @@ def test_hybrid_mesh_bad_layout(layout, match):
     ],
 )
 def test_hybrid_mesh_layout_wrong_kind(layout, match, monkeypatch):
-    monkeypatch.setattr(ringlet.runtime, "host_layout", lambda: layout, raising=False)
+    monkeypatch.setattr(ringlet.core.groups, "host_layout", lambda: layout, raising=False)
     with pytest.raises(TypeError, match=match):
         HybridMesh(ici_mesh_shape=(2,))
 

@@ -1035,7 +1035,7 @@ def test_device_and_data_helpers() -> None:
     assert ringlet.get_xla_supported_devices("TPU") is None
     assert ringlet.xla_real_devices() == ["CPU:0"]
     assert ringlet.xla_real_devices(["cpu", "cuda:1"]) == ["CPU:0", "CUDA:1"]
-    world = ringlet.world_size() if ringlet.runtime._state is not None else 1
+    world = ringlet.world_size() if ringlet.is_initialized() else 1
     assert ringlet.xla_replication_devices(["cpu"]) == [f"CPU:{r}" for r in range(world)]
     with pytest.raises(RuntimeError, match="different device types"):
         ringlet.xla_replication_devices(["cpu", "cuda:0"])

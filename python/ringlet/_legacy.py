@@ -34,12 +34,14 @@ from typing import Any, Optional
 
 # Old import path -> the module's home since the door sub-packages.
 LEGACY_PATHS: dict[str, str] = {
+    "ringlet._engine": "ringlet.core.engine",
     "ringlet._native": "ringlet.distributed._native",
     "ringlet.c10d": "ringlet.distributed.c10d",
     "ringlet.collectives": "ringlet.xla.xla_model",
     "ringlet.comm_hooks": "ringlet.bagua.comm_hooks",
     "ringlet.compat.bagua": "ringlet.bagua.compat",
     "ringlet.ddp": "ringlet.bagua.ddp",
+    "ringlet.runtime": "ringlet.core.groups",
     "ringlet.sharded_tensor": "ringlet.xla.sharded_tensor",
     "ringlet.sharding": "ringlet.xla.sharding",
     "ringlet.soak": "ringlet.bench.soak",

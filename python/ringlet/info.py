@@ -489,11 +489,11 @@ def _ipv4_interfaces() -> list[dict[str, Any]]:
 
 
 def _picked_address(interfaces: list[dict[str, Any]]) -> dict[str, Any]:
-    """The address ringlet's TCP listener binds (``runtime._local_ip``)."""
-    from . import runtime
+    """The address ringlet's TCP listener binds (``core.connection.local_ip``)."""
+    from .core import connection
 
     master = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    local_ip = getattr(runtime, "_local_ip", None)
+    local_ip = getattr(connection, "local_ip", None)
     address = local_ip(master) if callable(local_ip) else None
     if os.environ.get("RINGLET_ADDR"):
         why = "RINGLET_ADDR"

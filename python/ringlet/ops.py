@@ -30,12 +30,13 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from . import runtime
-from ._engine import (
-    _world_all_gather,
-    _world_all_reduce_into,
-    _world_broadcast,
-    _world_reduce_scatter,
+from .core import groups
+from .core.engine import (
+    apply_scale,
+    world_all_gather,
+    world_all_reduce_into,
+    world_broadcast,
+    world_reduce_scatter,
 )
 from .xla import xla_model as _c
 
@@ -56,7 +57,7 @@ _lib.define("all_to_all(Tensor x, int split_dim=0, int concat_dim=0) -> Tensor")
 
 
 def _world() -> int:
-    return runtime.world_size()
+    return groups.world_size()
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -69,9 +70,9 @@ def _dim(dim: int, ndim: int) -> int:
 def _all_reduce_direct(x: Tensor, reduce_type: str, scale: float) -> Optional[Tensor]:
     """The world all-reduce of plain ``x`` into a new tensor, scaled (one
     engine call that reads ``x`` itself); None when the general path must run."""
-    out = _world_all_reduce_into(x, reduce_type)
+    out = world_all_reduce_into(x, reduce_type)
     if out is not None and scale != 1.0:
-        _c._apply_scale(out, scale)
+        apply_scale(out, scale)
     return out
 
 
@@ -83,7 +84,7 @@ def _all_reduce_cpu(x: Tensor, reduce_type: str = "sum", scale: float = 1.0) -> 
     if _world() > 1:
         _c.all_reduce(reduce_type, [out], scale=scale)
     elif scale != 1.0:
-        _c._apply_scale(out, scale)
+        apply_scale(out, scale)
     return out
 
 
@@ -102,7 +103,7 @@ def _reduce_scatter_cpu(
     if n == 1:
         out = x.clone()
         if scale != 1.0:
-            _c._apply_scale(out, scale)
+            apply_scale(out, scale)
         return out
     return _c.reduce_scatter(reduce_type, x, scale, dim, n)
 
@@ -298,7 +299,7 @@ def _save_root(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
 def _broadcast_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     # Only the root's input reaches the outputs: it collects every gradient.
     total = torch.ops.ringlet.all_reduce(grad, "sum", 1.0)
-    return (total if runtime.get_ordinal() == ctx.root else torch.zeros_like(total)), None
+    return (total if groups.get_ordinal() == ctx.root else torch.zeros_like(total)), None
 
 
 def _save_dims(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -402,7 +403,7 @@ def _all_reduce_fast(x: Tensor, reduce_type: Any = "sum", scale: Any = 1.0) -> O
 def _all_gather_fast(x: Tensor, dim: Any = 0) -> Optional[Tensor]:
     if type(dim) is not int or x.dim() == 0 or dim % x.dim():
         return None
-    return _world_all_gather(x, None)
+    return world_all_gather(x, None)
 
 
 def _reduce_scatter_fast(
@@ -410,12 +411,12 @@ def _reduce_scatter_fast(
 ) -> Optional[Tensor]:
     if type(scale) not in _NUMBER or type(dim) is not int or x.dim() == 0 or dim % x.dim():
         return None
-    return _world_reduce_scatter(reduce_type, x, scale, runtime.world_size(), None)
+    return world_reduce_scatter(reduce_type, x, scale, groups.world_size(), None)
 
 
 def _broadcast_fast(x: Tensor, root: Any = 0) -> Optional[Tensor]:
     out = x.clone()
-    return out if _world_broadcast(out, root) else None
+    return out if world_broadcast(out, root) else None
 
 
 def _eager(name: str, fast: Callable[..., Optional[Tensor]]) -> None:

@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from .. import runtime
-from ..core import connect_members, group_timeout, local_address
+from ..core import connect_members, group_timeout, groups, local_address
+from ..core.store import await_keys, get_all
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
 
 
@@ -34,10 +34,10 @@ class Replicas:
             default_timeout = group_timeout(pg)
             self.addr = local_address(self.store)
             prefix = ""
-        elif runtime.is_initialized() and (group is None or hasattr(group, "ranks")):
+        elif groups.is_initialized() and (group is None or hasattr(group, "ranks")):
             # ringlet's own runtime (ringlet.init, Bagua's init_process_group):
             # the world, or a Bagua process group's ranks.
-            state = runtime._require()
+            state = groups.require_state()
             self.members = ([int(r) for r in group.ranks] if group is not None
                             else list(range(state.world_size)))
             self.me, self.store, self.addr = state.rank, state.store, state.addr
@@ -88,14 +88,14 @@ class Replicas:
         self.store.set(f"{key}/{self.me}", mine)
         keys = [f"{key}/{r}" for r in self.members]
         try:
-            runtime._await(self.store, keys, self.timeout, waiters=len(keys))
+            await_keys(self.store, keys, self.timeout, waiters=len(keys))
         except TimeoutError:
             missing = [r for r, k in zip(self.members, keys) if not self.store.check([k])]
             raise CollectiveTimeoutError(
                 f"rank {self.me}: {self.what}: rank(s) {missing} did not reach the agreement on "
                 f"{topic} within {self.timeout:g}s"
             ) from None
-        got = [v.decode() for v in runtime._get_all(self.store, keys)]
+        got = [v.decode() for v in get_all(self.store, keys)]
         if len(set(got)) > 1:
             values = [json.loads(v) for v in got]
             if all(isinstance(v, dict) for v in values):  # name the fields that differ

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _core
-from .._engine import _DTYPE_NAMES
+from ..core.engine import DTYPE_NAMES
 from . import process_group
 from .process_group import BaguaProcessGroup
 from .tensor import (
@@ -73,9 +73,9 @@ def _default_group() -> BaguaProcessGroup:
     """The default process group; made over every rank on first use when
     ringlet was initialised without Bagua's ``init_process_group``."""
     if not process_group.is_initialized():
-        from .. import runtime
+        from ..core import groups
 
-        runtime._require()
+        groups.require_state()
         with process_group._lock:
             if process_group._default_pg is None:
                 process_group._default_pg = process_group.new_group()
@@ -93,7 +93,7 @@ def _state_tensor(t: Any, what: str) -> torch.Tensor:
             f"{what} must be a contiguous CPU tensor: ringlet keeps algorithm state in host "
             f"memory (got one on {None if eff is None else eff.device})"
         )
-    if eff.dtype not in _DTYPE_NAMES:
+    if eff.dtype not in DTYPE_NAMES:
         raise TypeError(f"{what} has unsupported dtype {eff.dtype}")
     return eff
 
@@ -388,7 +388,7 @@ class BaguaBucket:
         """
         peer = _state_tensor(peer_weight, "peer_weight")
         core = _core.DecentralizedOp(self._comms(group, hierarchical), str(peer_selection_mode),
-                                     peer.data_ptr(), peer.nbytes, _DTYPE_NAMES[peer.dtype], peer)
+                                     peer.data_ptr(), peer.nbytes, DTYPE_NAMES[peer.dtype], peer)
         self._append(core)
         return DecentralizedOp(core, peer)
 
@@ -427,7 +427,7 @@ class BaguaBucket:
                              "dtype and size")
         core = _core.LowPrecisionOp(self._comms(group, hierarchical),
                                     *[(t.data_ptr(), t.nbytes, t) for t in ts],
-                                    _DTYPE_NAMES[ts[0].dtype])
+                                    DTYPE_NAMES[ts[0].dtype])
         self._append(core)
         return core
 
@@ -457,7 +457,7 @@ class BaguaBucket:
         group = _default_group() if group is None else group
         comm = group._dedicated(group._next_tag())
         core = _core.AsyncAverager(comm, flat.data_ptr(), flat.nbytes,
-                                   _DTYPE_NAMES[flat.dtype], flat)
+                                   DTYPE_NAMES[flat.dtype], flat)
         self._append(core)
         return AsyncModelAverageOp(core)
 

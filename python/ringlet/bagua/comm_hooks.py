@@ -22,8 +22,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import runtime
-from .._engine import _DTYPE_NAMES
+from ..core import groups
+from ..core.engine import DTYPE_NAMES
 from ..core.hook_worker import HookStates, HookWorker
 from .tensor import new_communicator
 
@@ -50,7 +50,7 @@ class AllReduceState:
 
     def __init__(self, average: bool = True) -> None:
         self.average = average
-        self.world_size = runtime._require().world_size
+        self.world_size = groups.require_state().world_size
         self._comm = new_communicator("comm_hook")
         self._worker = HookWorker("ringlet-comm-hook", self._reduce)
         _states.add(self)
@@ -69,18 +69,18 @@ class AllReduceState:
             raise RuntimeError("this AllReduceState was closed (ringlet.shutdown() ran)")
         if not buffer.is_cpu or not buffer.is_contiguous():
             raise ValueError(
-                f"rank {runtime.get_ordinal()}: ringlet's comm hook takes contiguous CPU "
+                f"rank {groups.get_ordinal()}: ringlet's comm hook takes contiguous CPU "
                 f"gradient buckets, got one on {buffer.device}"
             )
-        if buffer.dtype not in _DTYPE_NAMES:
+        if buffer.dtype not in DTYPE_NAMES:
             raise TypeError(
-                f"rank {runtime.get_ordinal()}: gradient bucket dtype {buffer.dtype} is not "
+                f"rank {groups.get_ordinal()}: gradient bucket dtype {buffer.dtype} is not "
                 "supported by ringlet"
             )
         return self._worker.submit(buffer)
 
     def _reduce(self, buf: torch.Tensor) -> None:
-        self._comm.all_reduce(buf.data_ptr(), buf.nbytes, _DTYPE_NAMES[buf.dtype], "sum")
+        self._comm.all_reduce(buf.data_ptr(), buf.nbytes, DTYPE_NAMES[buf.dtype], "sum")
         if self.average and self.world_size > 1:
             buf.div_(self.world_size)
 
@@ -132,4 +132,4 @@ def close_states() -> None:
     _states.close_all()
 
 
-runtime.on_shutdown(close_states)
+groups.on_shutdown(close_states)

@@ -33,8 +33,8 @@ from typing import Any, Optional
 
 import torch
 
-from .. import runtime
-from .._engine import _check
+from ..core import groups
+from ..core.engine import check
 from . import process_group as _pg
 from .env import get_rank
 from .process_group import (
@@ -152,10 +152,10 @@ def send(tensor: torch.Tensor, dst: int, comm: Any = None) -> None:
     c = _resolve(comm)
     if c is None:
         return
-    name = _check(tensor, "send tensor")
+    name = check(tensor, "send tensor")
     if not 0 <= dst < c.nranks() or dst == c.rank():
         raise ValueError(f"rank {get_rank()}: send to {dst} of a {c.nranks()}-rank communicator")
-    pair, peer = runtime._pair(c.ranks[dst])
+    pair, peer = groups.pair_comm(c.ranks[dst])
     pair.send(tensor.data_ptr(), tensor.nbytes, name, peer, 0)
 
 
@@ -170,10 +170,10 @@ def recv(tensor: torch.Tensor, src: int, comm: Any = None) -> None:
     c = _resolve(comm)
     if c is None:
         return
-    name = _check(tensor, "recv tensor")
+    name = check(tensor, "recv tensor")
     if not 0 <= src < c.nranks() or src == c.rank():
         raise ValueError(f"rank {get_rank()}: recv from {src} of a {c.nranks()}-rank communicator")
-    pair, peer = runtime._pair(c.ranks[src])
+    pair, peer = groups.pair_comm(c.ranks[src])
     pair.recv(tensor.data_ptr(), tensor.nbytes, name, peer, 0)
 
 
@@ -188,7 +188,7 @@ def broadcast(tensor: torch.Tensor, src: int = 0, comm: Any = None) -> None:
     c = _resolve(comm)
     if c is None:
         return
-    name = _check(tensor, "broadcast tensor")
+    name = check(tensor, "broadcast tensor")
     c._core.broadcast(tensor.data_ptr(), tensor.nbytes, name, int(src))
 
 
@@ -327,7 +327,7 @@ def allreduce_inplace(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, comm: A
     c = _resolve(comm)
     if c is None:
         return
-    name = _check(tensor, "allreduce tensor")
+    name = check(tensor, "allreduce tensor")
     c._core.all_reduce(tensor.data_ptr(), tensor.nbytes, name, _op_name(op, tensor.dtype))
     _finish(op, tensor, c.nranks())
 
@@ -344,8 +344,8 @@ def allgather(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, comm: Any = 
     c = _resolve(comm)
     if c is None:
         return
-    name = _check(send_tensor, "allgather send tensor")
-    _check(recv_tensor, "allgather recv tensor")
+    name = check(send_tensor, "allgather send tensor")
+    check(recv_tensor, "allgather recv tensor")
     c._core.all_gather(send_tensor.data_ptr(), send_tensor.nbytes, recv_tensor.data_ptr(),
                        recv_tensor.nbytes, name)
 
@@ -369,7 +369,7 @@ def allgather_inplace(tensor: torch.Tensor, comm: Any = None) -> None:
     c = _resolve(comm)
     if c is None:
         return
-    _check(tensor, "allgather tensor")
+    check(tensor, "allgather tensor")
     b = _block(tensor, c.nranks(), "allgather tensor")
     mine = tensor.view(-1)[c.rank() * b:(c.rank() + 1) * b].clone()
     allgather(mine, tensor, c)
@@ -472,8 +472,8 @@ def reduce_scatter(send_tensor: torch.Tensor, recv_tensor: torch.Tensor,
     c = _resolve(comm)
     if c is None:
         return
-    name = _check(send_tensor, "reduce_scatter send tensor")
-    _check(recv_tensor, "reduce_scatter recv tensor")
+    name = check(send_tensor, "reduce_scatter send tensor")
+    check(recv_tensor, "reduce_scatter recv tensor")
     c._core.reduce_scatter(send_tensor.data_ptr(), send_tensor.nbytes, recv_tensor.data_ptr(),
                            recv_tensor.nbytes, name, _op_name(op, send_tensor.dtype))
     _finish(op, recv_tensor, c.nranks())
@@ -492,7 +492,7 @@ def reduce_scatter_inplace(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     c = _resolve(comm)
     if c is None:
         return
-    _check(tensor, "reduce_scatter tensor")
+    check(tensor, "reduce_scatter tensor")
     b = _block(tensor, c.nranks(), "reduce_scatter tensor")
     out = torch.empty(b, dtype=tensor.dtype)
     reduce_scatter(tensor.clone(), out, op, c)
@@ -567,8 +567,8 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: l
     c = _resolve(comm)
     if c is None:
         return
-    name = _check(send_tensor, "alltoall_v send tensor")
-    _check(recv_tensor, "alltoall_v recv tensor")
+    name = check(send_tensor, "alltoall_v send tensor")
+    check(recv_tensor, "alltoall_v recv tensor")
     n = c.nranks()
     for what, v in (("send_counts", send_counts), ("recv_counts", recv_counts)):
         if len(v) != n:

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from .. import runtime
-from .._engine import _DTYPE_NAMES
+from ..core import groups
+from ..core.engine import DTYPE_NAMES
 from .tensor import get_module, new_communicator
 
 __all__ = ["DistributedDataParallel"]
@@ -89,7 +89,7 @@ class DistributedDataParallel(torch.nn.Module):
         super().__init__()
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
-        runtime._require()
+        groups.require_state()
         self.module = module
         self.ringlet_module_name: str = name if name is not None else f"ddp{next(_names)}"
         module.ringlet_module_name = self.ringlet_module_name
@@ -207,7 +207,7 @@ class DistributedDataParallel(torch.nn.Module):
         filled, self._filled = self._filled, {}
         if self._find_unused:
             flags = torch.tensor(used, dtype=torch.uint8)
-            runtime._world().all_reduce(flags.data_ptr(), flags.numel(), "uint8", "max")
+            groups.world_comm().all_reduce(flags.data_ptr(), flags.numel(), "uint8", "max")
             for (n, p), anywhere in zip(self._params.items(), flags.tolist()):
                 if not anywhere:  # no rank produced a gradient: restore it
                     p.grad = filled.get(n)
@@ -221,5 +221,5 @@ def _broadcast(comm: Any, tensors: list[torch.Tensor]) -> None:
                 continue
             host = t.detach().to("cpu", copy=True).contiguous()
             comm.broadcast(host.data_ptr(), host.numel() * host.element_size(),
-                           _DTYPE_NAMES[t.dtype], 0)
+                           DTYPE_NAMES[t.dtype], 0)
             t.copy_(host)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from .. import runtime
+from ..core import groups
 
 __all__ = [
     "get_default_bucket_size",
@@ -44,8 +44,8 @@ def get_world_size() -> int:
       >>> bagua.get_world_size()
       4
     """
-    if runtime.is_initialized():
-        return runtime.world_size()
+    if groups.is_initialized():
+        return groups.world_size()
     return _env("WORLD_SIZE", 1)
 
 
@@ -59,8 +59,8 @@ def get_rank() -> int:
       >>> bagua.get_rank()
       1
     """
-    if runtime.is_initialized():
-        return runtime.get_ordinal()
+    if groups.is_initialized():
+        return groups.get_ordinal()
     return _env("RANK", 0)
 
 
@@ -75,8 +75,8 @@ def get_local_rank() -> int:
       >>> bagua.get_local_rank()
       1
     """
-    if runtime.is_initialized():
-        return runtime.get_local_ordinal()
+    if groups.is_initialized():
+        return groups.get_local_ordinal()
     return _env("LOCAL_RANK", 0)
 
 
@@ -91,8 +91,8 @@ def get_local_size() -> int:
       >>> bagua.get_local_size()
       2
     """
-    if runtime.is_initialized():
-        return runtime.local_world_size()
+    if groups.is_initialized():
+        return groups.local_world_size()
     return _env("LOCAL_WORLD_SIZE", 1)
 
 
@@ -108,9 +108,9 @@ def get_node_rank() -> int:
       >>> bagua.get_node_rank()
       0
     """
-    if runtime.is_initialized():
-        me = runtime.get_ordinal()
-        return next(i for i, g in enumerate(runtime.host_layout()) if me in g)
+    if groups.is_initialized():
+        me = groups.get_ordinal()
+        return next(i for i, g in enumerate(groups.host_layout()) if me in g)
     if "NODE_RANK" in os.environ:
         return _env("NODE_RANK", 0)
     return get_rank() // max(get_local_size(), 1)

@@ -21,8 +21,7 @@ from enum import IntEnum
 from functools import cache
 from typing import Any, Optional
 
-from .. import runtime
-from ..core import connect_members
+from ..core import connect_members, connection, groups
 from ..errors import NotInitializedError
 from . import env
 from .env import get_rank
@@ -123,15 +122,15 @@ _lock = threading.RLock()
 
 
 def _hosts() -> Any:
-    return runtime._require().hosts
+    return groups.require_state().hosts
 
 
 def _connect(key: str, members: list[int], name: str, levels: bool = True) -> Any:
     """Connects ``members`` (global ranks, this rank among them) under
     ``key`` of ringlet's store (two levels inside the engine when they span
     hosts and ``levels``)."""
-    state = runtime._require()
-    c, _ = runtime._connect_members(state.store, key, members, state.rank, state.addr,
+    state = groups.require_state()
+    c, _ = connection.connect_group(state.store, key, members, state.rank, state.addr,
                                     state.timeout, name, state.domain, levels)
     return c
 
@@ -205,11 +204,11 @@ class BaguaProcessGroup:
         its worker thread only): the group's ranks (``hierarchical=False``),
         or Bagua's two levels. Collective over the group's members."""
         self._require_member("an algorithm")
-        state = runtime._require()
+        state = groups.require_state()
         key = f"{state.prefix}/bagua/pg{self.group_name}/{tag}"
         title = f"algorithm {tag} of process group {self.group_name} {self.ranks}"
         hosts = _hosts()
-        mine = runtime._HostTable(hosts[r] for r in self.ranks)
+        mine = connection.HostTable(hosts[r] for r in self.ranks)
         mine.machine_ranks = getattr(hosts, "machine_ranks", 0)
         got = connect_members(state.store, key, self.ranks, state.rank, addr=state.addr,
                               timeout=state.timeout, name=title, domain=state.domain,
@@ -221,7 +220,7 @@ class BaguaProcessGroup:
         """Connects one communicator of all the group's ranks for one
         algorithm thread. Collective over the group's members."""
         self._require_member("an algorithm")
-        state = runtime._require()
+        state = groups.require_state()
         c = _connect(f"{state.prefix}/bagua/pg{self.group_name}/{tag}", self.ranks,
                      f"thread {tag} of process group {self.group_name} {self.ranks}")
         self._closers.append(c)
@@ -302,10 +301,10 @@ def init_process_group(
             os.environ["WORLD_SIZE"] = str(world_size)
             os.environ["LOCAL_RANK"] = str(rank % local_world_size)
             os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
-            runtime.init(rank=rank, world_size=world_size, store=store)
+            groups.init(rank=rank, world_size=world_size, store=store)
         else:
-            runtime.init()
-        state = runtime._require()
+            groups.init()
+        state = groups.require_state()
         _default_store = state.store
         import torch.distributed as dist
 
@@ -342,7 +341,7 @@ def _shutdown() -> None:
         get_communicator.cache_clear()
 
 
-runtime.on_shutdown(_shutdown)
+groups.on_shutdown(_shutdown)
 
 
 def new_group(ranks: Optional[list[int]] = None, stream: Any = None) -> BaguaProcessGroup:
@@ -455,7 +454,7 @@ def get_communicator(group_name: str, comm_name: str) -> Any:
         raise ValueError("comm_name should be one of ['global', 'inter', 'intra']")
     if get_rank() not in ranks:
         return CommMember.NON_COMM_MEMBER
-    state = runtime._require()
+    state = groups.require_state()
     tag = ",".join(map(str, ranks))
     key = f"{state.prefix}/bagua/pg{group_name}/{comm_name}/{tag}"
     c = _connect(key, ranks, f"the {comm_name} communicator of process group "

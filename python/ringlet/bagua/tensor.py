@@ -38,8 +38,10 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from .. import _core, runtime
-from .._engine import _DTYPE_NAMES
+from .. import _core
+from ..core import connection
+from ..core import groups as core_groups
+from ..core.engine import DTYPE_NAMES
 from ..errors import TensorRegistrationError, TensorStateError
 
 __all__ = [
@@ -61,11 +63,11 @@ _auto_names = itertools.count()
 _comm_generation: dict[str, int] = {}
 
 
-_ELEMENT_BYTES = {name: torch.empty(0, dtype=d).element_size() for d, name in _DTYPE_NAMES.items()}
+_ELEMENT_BYTES = {name: torch.empty(0, dtype=d).element_size() for d, name in DTYPE_NAMES.items()}
 
 
 def _dtype_name(t: torch.Tensor, what: str) -> str:
-    name = _DTYPE_NAMES.get(t.dtype)
+    name = DTYPE_NAMES.get(t.dtype)
     if name is None:
         raise ValueError(f"{what}: dtype {t.dtype} is not supported by ringlet")
     return name
@@ -421,13 +423,13 @@ def new_communicator(tag: str) -> _core.Communicator:
     Returns:
       _core.Communicator: A communicator no one else uses.
     """
-    state = runtime._require()
+    state = core_groups.require_state()
     if state.world_size == 1:
         return _core.Communicator.single(state.domain)
     with _modules_lock:
         gen = _comm_generation.get(tag, 0)
         _comm_generation[tag] = gen + 1
-    comm, _ = runtime._connect(
+    comm, _ = connection.connect(
         state.store,
         f"{state.prefix}/tensor_module/{tag}/{gen}",
         state.rank,
@@ -470,7 +472,7 @@ def close_modules() -> None:
 
 
 atexit.register(close_modules)
-runtime.on_shutdown(close_modules)
+core_groups.on_shutdown(close_modules)
 
 
 def _module_of(module_name: Optional[str], name: str) -> TensorModule:

@@ -114,7 +114,7 @@ class Store:
       base (float): Seconds of a process's own work to set a group up
         (native communicator, Python), every rank in parallel.
       poll (float): The longest pause between a small group's polls
-        (``runtime._poll_floor``: 1 ms with a CPU per rank, 10 ms on a
+        (``core.store.poll_floor``: 1 ms with a CPU per rank, 10 ms on a
         crowded machine), for groups made after start-up. Default: 0.001
 
     Example:
@@ -142,7 +142,7 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store, block: bool = 
 
     * the group's table: every rank sets its record, rank 0 reads them in
       one ``multi_get`` and sets the table, every rank gets it. At start-up
-      the waits block on the store (``runtime._await``): one ``wait`` per
+      the waits block on the store (``core.store.await_keys``): one ``wait`` per
       rank, which the server answers when the last key is set, so 3 p + 1
       operations at the server and no pause. A later group polls: 2 p + 1
       operations, and the waits' last poll (half the poll interval, which
@@ -178,7 +178,7 @@ def start_up(hosts: int, per_host: int, link: Link, store: Store, block: bool = 
         table = n * (n // groups) * store.record / store.bw
         if block:
             return (3 * n + groups) * store.op + table
-        poll = max(store.poll, n // groups * 2e-5)  # runtime._await's longest pause
+        poll = max(store.poll, n // groups * 2e-5)  # core.store.await_keys' longest pause
         return (2 * n + groups) * store.op + table + poll
 
     world = group(p, 1)

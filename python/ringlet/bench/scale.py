@@ -137,12 +137,12 @@ def worker(out: str, backend: str, iters: int) -> None:
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     os.environ.setdefault("RINGLET_HOST_ID", f"logical-{rank}")  # namespaces: set per host
-    from ringlet import runtime
+    from ringlet.core import connection
 
     counts: Counter[str] = Counter()
     marks: dict[str, float] = {}
     if backend == "ringlet":
-        real = runtime._exchange
+        real = connection.exchange
 
         def counting(store: Any, *a: Any, **k: Any) -> Any:
             marks.setdefault("exchange", time.perf_counter())  # the world's is the first
@@ -150,7 +150,7 @@ def worker(out: str, backend: str, iters: int) -> None:
             marks.setdefault("table", time.perf_counter())
             return got
 
-        runtime._exchange = counting  # type: ignore[assignment]
+        connection.exchange = counting  # type: ignore[assignment]
     t = torch.ones(1024)
     world = int(os.environ["WORLD_SIZE"])
     store = _gate(world)

@@ -11,7 +11,7 @@ import itertools
 import json
 from typing import Any
 
-from .. import runtime
+from ..core import groups
 from ..xla.xla_model import rendezvous
 from .core import CheckpointingException
 
@@ -24,11 +24,11 @@ class Comm:
     """Rank, world size and an all-gather of bytes; one process without ringlet initialised."""
 
     def __init__(self) -> None:
-        self._engine = runtime.is_initialized()
+        self._engine = groups.is_initialized()
         if not self._engine:
             self.rank, self.world_size = 0, 1
         else:
-            self.rank, self.world_size = int(runtime.get_ordinal()), int(runtime.world_size())
+            self.rank, self.world_size = int(groups.get_ordinal()), int(groups.world_size())
 
     def allgather(self, name: str, payload: bytes) -> list[bytes]:
         if not self._engine:

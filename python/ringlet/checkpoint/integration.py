@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import runtime
+from ..core import groups
 from .mapping import ShardedStateDict, ShardedTensor
 
 __all__ = ["sharded_state_dict", "sharded_tensor_mapping"]
@@ -35,7 +35,7 @@ def _layout_of(x: Any) -> Any:
 
 
 def _rank() -> int:
-    return int(runtime.get_ordinal()) if runtime.is_initialized() else 0
+    return int(groups.get_ordinal()) if groups.is_initialized() else 0
 
 
 def sharded_tensor_mapping(key: str, tensor: Any) -> Any:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Optional
 
-from .. import _core, runtime
+from .. import _core
+from .connection import connect_bagua_levels, connect_group, local_ip, new_domain
 
 
 @dataclass
@@ -80,7 +81,7 @@ def local_address(store: Any) -> str:
       >>> local_address(dist.distributed_c10d._get_default_store())
       '127.0.0.1'
     """
-    return runtime._local_ip(os.environ.get("MASTER_ADDR") or store_host(store) or "127.0.0.1")
+    return local_ip(os.environ.get("MASTER_ADDR") or store_host(store) or "127.0.0.1")
 
 
 def connect_members(store: Any, key: str, members: list[int], me: int, *, addr: str,
@@ -114,16 +115,16 @@ def connect_members(store: Any, key: str, members: list[int], me: int, *, addr: 
       ...                      name="my algorithm")
       >>> mc.comms  # for CentralizedOp / OuterSync
     """
-    domain = runtime._new_domain() if domain is None else domain
+    domain = new_domain() if domain is None else domain
     out = MemberComms(None, None)
     if flat or hosts is None or not hierarchical:
-        out.flat, found = runtime._connect_members(store, f"{key}/g", members, me, addr,
-                                                   timeout, name, domain)
+        out.flat, found = connect_group(store, f"{key}/g", members, me, addr, timeout, name,
+                                        domain)
         out.closers.append(out.flat)
         hosts = hosts if hosts is not None else found
     if hierarchical and len(members) > 1:
         assert hosts is not None
-        intra, inter, n_hosts, channel = runtime._bagua_levels(
+        intra, inter, n_hosts, channel = connect_bagua_levels(
             store, key, members, me, hosts, addr, timeout, name, domain)
         out.closers.extend(c for c in (intra, inter, channel) if c is not None)
         out.comms = _core.Comms.hierarchical(intra, inter, n_hosts, len(members), channel)

@@ -1,8 +1,7 @@
 """The job's rendezvous on a key-value store (a torch ``TCPStore``): opening
 it without hanging on a port another process holds, waiting for keys
 without flooding the server, and the one exchange a group's members make to
-learn each other's addresses. :mod:`ringlet.runtime` connects groups with it;
-its functions keep their old private names there.
+learn each other's addresses. :mod:`.connection` connects groups with it.
 
 Example:
   >>> store = make_store("127.0.0.1", 29500, rank, world, timeout=60.0)

@@ -22,19 +22,15 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ReduceOp
 
 from .. import errors
-from .._engine import (
-    _DTYPE_NAMES,
-    _STRIDED,
-    _check,
-    _disjoint,
-    _engine_all_gather,
-    _engine_all_reduce,
-    _engine_broadcast,
-    _engine_reduce_scatter,
-    _exchange,
-    _overlaps,
-    _plain,
-    _reduce_inplace,
+from ..core import engine
+from ..core.engine import (
+    DTYPE_NAMES,
+    STRIDED,
+    all_reduce_coalesced,
+    check,
+    disjoint,
+    overlaps,
+    plain_dtype,
 )
 from ._pg_args import _OPS, _RED, _as_list, _is_async, _opts, _reduce_name, _split_into, _write_back
 from .work import _DONE, Work, _DistErrors, _torch_errors, runtime_rank
@@ -71,7 +67,7 @@ def _gather_ragged(comm: Any, size: int, inp: torch.Tensor, counts: list[int]) -
     """Every rank's ``inp`` (rank r's holding ``counts[r]`` elements),
     concatenated flat in rank order: one all-to-all sending ``inp`` to all."""
     flat = torch.empty(sum(counts), dtype=inp.dtype)
-    _exchange(comm, inp.reshape(-1).repeat(size), [inp.numel()] * size, flat, counts)
+    engine.all_to_all_v(comm, inp.reshape(-1).repeat(size), [inp.numel()] * size, flat, counts)
     return flat
 
 
@@ -141,8 +137,8 @@ class _Collectives:
         if (comm is not None and type(opts) is _AllreduceOptions and type(tensors) is list
                 and len(tensors) == 1 and not opts.asyncOp):
             t = tensors[0]
-            name = _DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
-            if name is not None and t.layout is _STRIDED and t.is_cpu and t.is_contiguous():
+            name = DTYPE_NAMES.get(t.dtype) if type(t) is torch.Tensor else None
+            if name is not None and t.layout is STRIDED and t.is_cpu and t.is_contiguous():
                 op = opts.reduceOp
                 red = "sum" if op == _SUM else _SIMPLE.get(op.op)
                 if red is not None and (red in _ANY_DTYPE or not t.is_floating_point()):
@@ -166,13 +162,13 @@ class _Collectives:
         op = opts.reduceOp
         if len(tensors) == 1:  # the common case, with the fewest steps
             t = tensors[0]
-            name = _DTYPE_NAMES.get(t.dtype)
+            name = DTYPE_NAMES.get(t.dtype)
             red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
                     and (red in _ANY_DTYPE or not t.is_floating_point())):
                 # One engine call (in two levels on a group spanning hosts).
-                return self._submit(lambda: _engine_all_reduce(self._world(), t, name, red),
+                return self._submit(lambda: engine.all_reduce(self._world(), t, red, name),
                                     [t], wake=_is_async(opts))
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, op, opts)
@@ -184,7 +180,7 @@ class _Collectives:
         def run() -> None:
             dense, back = self._dense(ts)
             name, post = self._reduce_args(op, dense, "all_reduce")
-            _reduce_inplace(self._world(), dense, name, 1.0)
+            all_reduce_coalesced(self._world(), dense, name, 1.0)
             for t in dense:
                 post(t)
             back()
@@ -220,7 +216,7 @@ class _Collectives:
                 x = t.coalesce()
                 nnz = torch.tensor([x._nnz()], dtype=torch.int64)
                 counts = torch.empty(self._size, dtype=torch.int64)
-                _engine_all_gather(comm, nnz, counts, "int64")
+                engine.all_gather(comm, nnz, counts, "int64")
                 n = counts.tolist()
                 idx = gather_rows(x.indices().t(), n, comm).t()
                 val = gather_rows(x.values(), n, comm)
@@ -250,7 +246,7 @@ class _Collectives:
             for t in ts[1:]:
                 acc.copy_(fold(acc, t))
             _, post = self._reduce_args(op, [acc], "all_reduce")  # PREMUL_SUM scales the fold
-            _reduce_inplace(self._world(), [acc], name, 1.0)
+            all_reduce_coalesced(self._world(), [acc], name, 1.0)
             post(acc)
             if getattr(op, "op", op) == _RED.AVG:
                 if acc.is_floating_point():
@@ -287,7 +283,7 @@ class _Collectives:
         root = self._root(opts.rootRank, "broadcast")
         if len(tensors) == 1:
             t = tensors[0]
-            name = _plain(t)
+            name = plain_dtype(t)
             comm = self._sync_comm(opts, t.nbytes) if name is not None else None
             if comm is not None and self._run_now(
                     comm.broadcast, t.data_ptr(), t.nbytes, name, root):
@@ -307,7 +303,7 @@ class _Collectives:
         def run() -> None:
             dense, back = self._dense(ts)
             src = dense[pick]
-            _engine_broadcast(self._world(), src, _check(src, "broadcast tensor"), root)
+            engine.broadcast(self._world(), src, root, check(src, "broadcast tensor"))
             for t in dense:
                 if t is not src:
                     t.copy_(src)
@@ -334,7 +330,7 @@ class _Collectives:
             dense, back = self._dense(ts) if mine else (
                 [t.clone(memory_format=torch.contiguous_format) for t in ts], lambda: None)
             name, post = self._reduce_args(op, dense, "reduce")
-            _reduce_inplace(self._world(), dense, name, 1.0)
+            all_reduce_coalesced(self._world(), dense, name, 1.0)
             if mine:
                 for t in dense:
                     post(t)
@@ -350,7 +346,7 @@ class _Collectives:
         if all(o.numel() == n for o in outs) and all(o.dtype == inp.dtype for o in outs):
             flat = torch.empty(self._size * n, dtype=inp.dtype)
             with _sizes_of("all_gather", "output tensor r must have rank r's input size"):
-                _engine_all_gather(comm, inp, flat, _check(inp, what))
+                engine.all_gather(comm, inp, flat, check(inp, what))
             for r, o in enumerate(outs):
                 o.view(-1).copy_(flat[r * n:(r + 1) * n]) if o.is_contiguous() else o.copy_(
                     flat[r * n:(r + 1) * n].view(o.shape)
@@ -448,12 +444,12 @@ class _Collectives:
         return self._allgather(per_input, input_list, opts, output_lists)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
-        name = _plain(input)
-        if name is not None and _plain(output) == name:
+        name = plain_dtype(input)
+        if name is not None and plain_dtype(output) == name:
             nb = input.nbytes
             comm = self._sync_comm(opts, nb * self._size)
             if (comm is not None and output.nbytes == nb * self._size
-                    and _disjoint(input, output)
+                    and disjoint(input, output)
                     and self._run_now(comm.all_gather, input.data_ptr(), nb,
                                       output.data_ptr(), output.nbytes, name)):
                 return _DONE
@@ -480,9 +476,9 @@ class _Collectives:
             for o, i in pairs:
                 dense, back = self._dense([o])
                 src = i.contiguous()
-                if _overlaps(src, dense[0]):  # in place (FSDP2: input is a slot of output)
+                if overlaps(src, dense[0]):  # in place (FSDP2: input is a slot of output)
                     src = src.clone()
-                _engine_all_gather(comm, src, dense[0], _check(src, "all_gather_into_tensor input"))
+                engine.all_gather(comm, src, dense[0], check(src, "all_gather_into_tensor input"))
                 back()
 
         # As gloo's future (its all_gather_into_tensor is an all_gather into
@@ -500,17 +496,17 @@ class _Collectives:
         """Reduce-scatters flat ``inp`` (one block per rank) into ``out``."""
         comm = self._world()
         inp = inp.contiguous()
-        if getattr(op, "op", op) == _RED.PREMUL_SUM or _overlaps(inp, out):
+        if getattr(op, "op", op) == _RED.PREMUL_SUM or overlaps(inp, out):
             inp = inp.clone()  # scaled, or written over: the caller's input stays
         name, post = self._reduce_args(op, [inp], what)
         if blocks is None or len(set(blocks)) == 1:
             dense, back = self._dense([out])
-            _engine_reduce_scatter(comm, inp.view(-1), dense[0].view(-1), _check(inp, what), name)
+            engine.reduce_scatter(comm, inp.view(-1), dense[0].view(-1), name, check(inp, what))
             post(dense[0])
             back()
             return
         # Ragged blocks: reduce everything, keep this rank's block.
-        _reduce_inplace(comm, [inp], name, 1.0)
+        all_reduce_coalesced(comm, [inp], name, 1.0)
         start = sum(blocks[: self._rank])
         mine = inp.view(-1)[start:start + blocks[self._rank]].clone()
         post(mine)
@@ -549,14 +545,14 @@ class _Collectives:
     def _reduce_scatter_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> Work:
-        name = _plain(input)
+        name = plain_dtype(input)
         comm = self._sync_comm(opts, input.nbytes) if name is not None else None
-        if comm is not None and _plain(output) == name:
+        if comm is not None and plain_dtype(output) == name:
             op = opts.reduceOp
             red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
             nb = input.nbytes
             if (red is not None and (red in _ANY_DTYPE or not input.is_floating_point())
-                    and output.nbytes * self._size == nb and _disjoint(input, output)
+                    and output.nbytes * self._size == nb and disjoint(input, output)
                     and self._run_now(comm.reduce_scatter, input.data_ptr(), nb,
                                       output.data_ptr(), output.nbytes, name, red)):
                 return _DONE
@@ -617,7 +613,7 @@ class _Collectives:
             recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
             flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
             with _sizes_of("gather", "the root's output tensor r must have rank r's input size"):
-                _exchange(self._world(), send, counts, flat, recv_counts)
+                engine.all_to_all_v(self._world(), send, counts, flat, recv_counts)
             _split_into(flat, outs)
 
         # As gloo's future: the root's list of gathered tensors.
@@ -654,7 +650,7 @@ class _Collectives:
             dense, back = self._dense([out])
             with _sizes_of("scatter", "rank r's output must have the size of the root's input "
                                       "tensor r"):
-                _exchange(self._world(), send, counts, dense[0].view(-1), recv_counts)
+                engine.all_to_all_v(self._world(), send, counts, dense[0].view(-1), recv_counts)
             back()
 
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
@@ -693,7 +689,7 @@ class _Collectives:
 
         def run() -> None:
             dense, back = self._dense([out])
-            _exchange(self._world(), inp.contiguous().view(-1), send_counts,
+            engine.all_to_all_v(self._world(), inp.contiguous().view(-1), send_counts,
                       dense[0].view(-1), recv_counts)
             back()
 
@@ -722,7 +718,7 @@ class _Collectives:
         def run() -> None:
             send = torch.cat([t.reshape(-1) for t in ins])
             flat = torch.empty(sum(o.numel() for o in outs), dtype=outs[0].dtype)
-            _exchange(self._world(), send, [t.numel() for t in ins], flat,
+            engine.all_to_all_v(self._world(), send, [t.numel() for t in ins], flat,
                       [o.numel() for o in outs])
             _split_into(flat, outs)
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _core, errors
-from .._engine import _DTYPE_NAMES, _check
+from ..core.engine import DTYPE_NAMES, check
 from ._pg_args import _as_list
 from .work import Work, _DistErrors, _torch_errors
 
@@ -25,7 +25,7 @@ from .work import Work, _DistErrors, _torch_errors
 # send before they receive do not wait for each other.
 _EAGER_SEND_BYTES = 1 << 20
 
-_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+_DTYPE_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 class _PointToPoint:
@@ -60,7 +60,7 @@ class _PointToPoint:
         def run() -> None:
             try:
                 self._pair(self._rank, dst, slot).send(
-                    data.data_ptr(), data.nbytes, _check(data, "send tensor"), 1, tag
+                    data.data_ptr(), data.nbytes, check(data, "send tensor"), 1, tag
                 )
             except BaseException as e:
                 slot[1] = _DistErrors.convert(e)
@@ -91,7 +91,7 @@ class _PointToPoint:
         and MPI's tag matching lets later messages overtake."""
         def run() -> None:
             dense, back = self._dense([t])
-            name = _check(dense[0], "recv tensor")
+            name = check(dense[0], "recv tensor")
             flat = dense[0].view(-1)
             kept = slot[3].get(tag)
             if kept:

@@ -138,7 +138,7 @@ def _create(opts: Any, pg_options: Any = None) -> ProcessGroupRinglet:
         # every rank waits for the others anyway (gloo connects its mesh
         # there): it meets its peers now, on the main thread, before any
         # other group of this process exists, so its waits on the store can
-        # block instead of polling (runtime._await). The streams still open
+        # block instead of polling (core.store.await_keys). The streams still open
         # on demand. A later group connects on first use, polling: a
         # blocking wait there could stall another group's thread that a
         # peer needs.

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
-from .._engine import _DTYPE_NAMES
 from ..core import connect_members, engine, group_timeout, local_address
+from ..core.engine import DTYPE_NAMES
 from ..core.hook_worker import HookStates, HookWorker
 
 __all__ = ["ByteGradState", "bytegrad_hook"]
@@ -126,7 +126,7 @@ class ByteGradState:
         if not buffer.is_cpu or not buffer.is_contiguous():
             raise ValueError(f"rank {dist.get_rank()}: the ByteGrad hook takes contiguous CPU "
                              f"gradient buckets, got one on {buffer.device}")
-        if not buffer.dtype.is_floating_point or buffer.dtype not in _DTYPE_NAMES:
+        if not buffer.dtype.is_floating_point or buffer.dtype not in DTYPE_NAMES:
             raise TypeError(f"rank {dist.get_rank()}: the ByteGrad hook compresses float32, "
                             f"float64, float16 and bfloat16 gradients, not {buffer.dtype}")
         return self._worker.submit(buffer, key)

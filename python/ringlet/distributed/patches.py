@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .. import runtime
+from ..core.store import open_store
 from .process_group import BACKEND_NAME, python_group
 
 _original_monitored_barrier: Optional[Callable[..., Any]] = None
@@ -104,7 +104,7 @@ def _create_c10d_store(
     ``timeout`` when the backend asked for is ringlet: torch's client waits with no limit for
     the first answer of a port held by a program that accepts connections and
     never answers, and a rank that cannot listen on a taken port says what
-    holds it (``runtime._open_store``). Same store, same error types
+    holds it (``open_store``). Same store, same error types
     (``DistNetworkError``) as torch's."""
     assert _original_create_c10d_store is not None
     make = functools.partial(
@@ -116,7 +116,7 @@ def _create_c10d_store(
     secs = timeout.total_seconds() if isinstance(timeout, timedelta) else 0.0
     if secs <= 0 or not 0 <= port < 2**16:  # torch's own answer (no limit, bad port)
         return make()
-    return runtime._open_store(make, hostname, port, rank, rank == 0 and not agent, secs)
+    return open_store(make, hostname, port, rank, rank == 0 and not agent, secs)
 
 
 def install() -> None:

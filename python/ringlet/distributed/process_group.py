@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
-from .. import _core, errors, runtime
-from .._engine import _check
-from ..core import local_address
+from .. import _core, errors
+from ..core import connection, local_address
+from ..core.engine import check
 from . import _native
 from ._pg_args import _write_back
 from ._pg_collectives import _Collectives
@@ -180,7 +180,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
         self._key = f"ringlet/{int(store.add(f'ringlet/incarnation/{rank}', 1))}"
         # The group's communicators (its world, levels and pairs) fail
         # together: a failure in one aborts the others, naming its origin.
-        self._domain = runtime._new_domain()
+        self._domain = connection.new_domain()
         self._comm: Any = None
         # The host level its communicator took over, on a group spanning hosts.
         self._levels: Optional[Any] = None
@@ -247,7 +247,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
         """The group's communicator, connected on first use (on the progress
         thread, through the group's store, by its members only), or at once
         for the job's default group (``_create``), whose waits on the store
-        then ``block`` (see ``runtime._await``)."""
+        then ``block`` (see ``core.store.await_keys``)."""
         comm = self._comm
         if comm is None:
             with self._lock:
@@ -258,19 +258,19 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
                         self._comm = _core.Communicator.single(self._domain)
                     else:
                         addr = self._addr()
-                        comm, hosts = runtime._connect(
+                        comm, hosts = connection.connect(
                             self._store, self._key, self._rank, self._size, addr,
                             self._timeout, members=self._members, name=self._title(),
                             domain=self._domain, block=block,
                         )
                         # A group spanning hosts: collectives run in two levels
                         # inside the engine (shared memory within hosts, TCP across).
-                        hier = runtime._hierarchy(
+                        hier = connection.connect_host_level(
                             self._store, self._key, self._rank, hosts, addr, self._timeout,
                             self._domain, members=self._members, block=block,
                         )
                         if hier is not None:
-                            comm.attach_levels(hier, runtime._layout(hosts))
+                            comm.attach_levels(hier, connection.ranks_by_host(hosts))
                             self._levels = hier
                         self._comm = comm
                 comm = self._comm
@@ -299,7 +299,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
                 if slot[0] is None:
                     me = 0 if self._rank == src else 1
                     pair = [self._members[src], self._members[dst]]
-                    slot[0], _ = runtime._connect(
+                    slot[0], _ = connection.connect(
                         self._store, f"{self._key}/p2p/{src}-{dst}", me, 2, self._addr(),
                         self._timeout, members=pair,
                         name=f"messages from rank {pair[0]} to rank {pair[1]} in "
@@ -350,7 +350,7 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
             )
         if t.is_complex():
             t = torch.view_as_real(t)
-        _check(t if t.is_contiguous() else t[:0], what)
+        check(t if t.is_contiguous() else t[:0], what)
         return t
 
     def _root(self, root: int, what: str) -> int:

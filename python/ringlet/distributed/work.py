@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Work as _CWork
 
-from .. import errors, runtime
+from .. import errors
+from ..core import groups
 
 
 class _DistErrors:
@@ -111,7 +112,7 @@ def _only_meta(args: Any) -> bool:
 
 
 def runtime_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else runtime.get_ordinal()
+    return dist.get_rank() if dist.is_initialized() else groups.get_ordinal()
 
 
 class Work(_CWork):

@@ -83,7 +83,7 @@ def is_available() -> bool:
 
 
 def _store_for(init_method: str, rank: int, world: int, timeout: float) -> tuple[Any, bool]:
-    from .. import runtime
+    from ..core.store import make_store
 
     if init_method.startswith("tcp://"):
         from torch.distributed import TCPStore
@@ -105,7 +105,7 @@ def _store_for(init_method: str, rank: int, world: int, timeout: float) -> tuple
     p_raw = os.environ.get("MASTER_PORT") or ""
     if not addr or not p_raw:
         raise ValueError("init_rpc with init_method='env://' needs MASTER_ADDR and MASTER_PORT set")
-    store = runtime._make_store(addr, int(p_raw), rank, world, timeout)
+    store = make_store(addr, int(p_raw), rank, world, timeout)
     hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     return store, hosts
 
@@ -148,7 +148,7 @@ def init_rpc(
         tensor([4., 4.])
         >>> rpc.shutdown()
     """
-    from .. import runtime
+    from ..core import connection
     _validate_name(name)
     opts = _check_backend_and_options(backend, rpc_backend_options)
     init_method = str(getattr(opts, "init_method", "env://") or "env://")
@@ -185,14 +185,14 @@ def init_rpc(
         master = os.environ.get("MASTER_ADDR", "127.0.0.1")
         if init_method.startswith("tcp://"):
             master = init_method[len("tcp://"):].rpartition(":")[0].strip("[]")
-        ip = runtime._local_ip(master)
+        ip = connection.local_ip(master)
         agent = _core.RpcAgent(
             rank, token, "0.0.0.0:0", _on_request, _on_response,
             request_threads=threads,
             completion_threads=4,
             single_copy_min=_single_copy_min(),
         )
-        me = {"name": name, "addr": f"{ip}:{agent.port}", "host": runtime._host_id()}
+        me = {"name": name, "addr": f"{ip}:{agent.port}", "host": connection.host_id()}
         store.set(f"{prefix}/worker/{rank}", json.dumps(me))
         infos = [
             json.loads(bytes(store.get(f"{prefix}/worker/{r}")).decode())

@@ -15,7 +15,7 @@ from typing import Any, Union
 
 import torch
 
-from .. import runtime
+from ..core import groups
 from ..errors import ShardingSpecError
 from .mesh import (
     Mesh,
@@ -52,9 +52,9 @@ ShardIndexList = Union[type(Ellipsis), list[slice]]
 
 def rank_world() -> tuple[int, int]:
     """(rank, world size); (0, 1) when ringlet is not initialised."""
-    if not runtime.is_initialized():
+    if not groups.is_initialized():
         return 0, 1
-    return int(runtime.get_ordinal()), int(runtime.world_size())
+    return int(groups.get_ordinal()), int(groups.world_size())
 
 
 def check_mesh(mesh: Any, what: str) -> Mesh:

@@ -58,7 +58,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from .. import runtime
+from ..core import groups as core_groups
 from ..errors import ShardingSpecError
 
 __all__ = [
@@ -516,7 +516,7 @@ def get_1d_mesh(axis_name: str | None = None) -> Mesh:
         >>> mesh.mesh_shape == (ringlet.world_size(),), mesh.axis_names
         (True, ('data',))
     """
-    world = int(runtime.world_size())
+    world = int(core_groups.world_size())
     names = None if axis_name is None else (axis_name,)
     return Mesh(np.arange(world), (world,), names)
 
@@ -608,7 +608,7 @@ class HybridMesh(Mesh):
                 f"ici_mesh_shape {ici} and dcn_mesh_shape {dcn} must have "
                 "the same number of axes")
         if host_layout is None:
-            host_layout = runtime.host_layout()
+            host_layout = core_groups.host_layout()
         hosts = _validate_host_layout(host_layout)
         n_dcn = math.prod(dcn)
         if len(hosts) > 1 and n_dcn == 1:

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from torch.autograd import profiler as _profiler
 
-from .. import errors, runtime
-from .._engine import (
+from .. import errors
+from ..core import engine
+from ..core import groups as core_groups
+from ..core.engine import (
     REDUCE_AND,
     REDUCE_MAX,
     REDUCE_MIN,
@@ -29,27 +31,23 @@ from .._engine import (
     REDUCE_OR,
     REDUCE_SUM,
     TensorLike,
-    _apply_scale,
-    _as_tensor,
-    _check,
-    _check_ints,
-    _check_reduce_type,
-    _engine_all_gather,
-    _engine_broadcast,
-    _engine_reduce_scatter,
-    _exchange,
-    _nbytes,
-    _overlaps,
-    _rank,
-    _reduce_inplace,
-    _traced,
-    _world_all_gather,
-    _world_all_reduce,
-    _world_all_reduce_into,
-    _world_broadcast,
-    _world_reduce_scatter,
+    all_reduce_coalesced,
+    apply_scale,
+    as_tensor,
+    check,
+    check_int,
+    check_reduce_type,
+    error_rank,
+    nbytes,
+    overlaps,
+    traced,
+    world_all_gather,
+    world_all_reduce,
+    world_all_reduce_into,
+    world_broadcast,
+    world_reduce_scatter,
 )
-from ..runtime import get_local_ordinal, get_ordinal, world_size
+from ..core.groups import get_local_ordinal, get_ordinal, world_size
 
 __all__ = [
     "REDUCE_AND",
@@ -137,20 +135,20 @@ def all_reduce(
     # The common call in the fewest steps: one plain tensor in a list, over
     # the world, no profiler recording (which the general path reports to).
     if (type(inputs) is list and len(inputs) == 1 and not groups
-            and not _profiler._is_profiler_enabled and _world_all_reduce(inputs[0], reduce_type)):
+            and not _profiler._is_profiler_enabled and world_all_reduce(inputs[0], reduce_type)):
         if scale != 1.0:
-            _apply_scale(inputs[0], scale)
+            apply_scale(inputs[0], scale)
         return inputs
     if type(inputs) is torch.Tensor and not groups and not _profiler._is_profiler_enabled:
-        out = _world_all_reduce_into(inputs, reduce_type)  # a new tensor, input untouched
+        out = world_all_reduce_into(inputs, reduce_type)  # a new tensor, input untouched
         if out is not None:
             if scale != 1.0:
-                _apply_scale(out, scale)
+                apply_scale(out, scale)
             return out
     return _all_reduce(reduce_type, inputs, scale, groups, pin_layout)
 
 
-@_traced
+@traced
 def _all_reduce(
     reduce_type: str,
     inputs: Union[TensorLike, list[TensorLike]],
@@ -163,32 +161,33 @@ def _all_reduce(
         if isinstance(inputs, (torch.Tensor, np.ndarray)):
             return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs.copy()
         return inputs
-    reduce_type = _check_reduce_type(reduce_type)
-    comm = runtime._group(groups)
+    reduce_type = check_reduce_type(reduce_type)
+    comm = core_groups.group_comm(groups)
     if isinstance(inputs, (torch.Tensor, np.ndarray)):
-        src = _as_tensor(inputs, "input")
-        _check(src, "input")
+        src = as_tensor(inputs, "input")
+        check(src, "input")
         out = src.detach().clone()
-        _reduce_inplace(comm, [out], reduce_type, scale)
+        all_reduce_coalesced(comm, [out], reduce_type, scale)
         return out.numpy() if isinstance(inputs, np.ndarray) else out
     if isinstance(inputs, (list, tuple)):
-        tensors = [  # tensors skip _as_tensor: no name to format on the hot path
-            t if isinstance(t, torch.Tensor) else _as_tensor(t, f"inputs[{i}]", write=True)
+        tensors = [  # tensors skip as_tensor: no name to format on the hot path
+            t if isinstance(t, torch.Tensor) else as_tensor(t, f"inputs[{i}]", write=True)
             for i, t in enumerate(inputs)
         ]
-        _reduce_inplace(comm, tensors, reduce_type, scale)
+        all_reduce_coalesced(comm, tensors, reduce_type, scale)
         return inputs
     raise TypeError(
-        f"rank {_rank()}: inputs must be a tensor or a list of tensors, got {type(inputs).__name__}"
+        f"rank {error_rank()}: inputs must be a tensor or a list of tensors, "
+        f"got {type(inputs).__name__}"
     )
 
 
 def _norm_dim(dim: int, ndim: int, what: str) -> int:
     if ndim == 0:
-        raise ValueError(f"rank {_rank()}: {what} needs a tensor with at least one dimension")
+        raise ValueError(f"rank {error_rank()}: {what} needs a tensor with at least one dimension")
     if not -ndim <= dim < ndim:
         raise ValueError(
-            f"rank {_rank()}: dimension {dim} is out of range for a {ndim}-d tensor in {what}"
+            f"rank {error_rank()}: dimension {dim} is out of range for a {ndim}-d tensor in {what}"
         )
     return dim % ndim
 
@@ -202,11 +201,11 @@ def _output_for(output: Any, value: torch.Tensor, shape: list[int], what: str) -
             and output.dtype == value.dtype and output.layout == torch.strided
             and output.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
         output.resize_(shape)
-    output = _as_tensor(output, "output", write=True)
-    _check(output, "output")
+    output = as_tensor(output, "output", write=True)
+    check(output, "output")
     if list(output.shape) != shape or output.dtype != value.dtype:
         raise ValueError(
-            f"rank {_rank()}: {what} output has shape {tuple(output.shape)} and dtype "
+            f"rank {error_rank()}: {what} output has shape {tuple(output.shape)} and dtype "
             f"{output.dtype}; expected {tuple(shape)} and {value.dtype}"
         )
     return output
@@ -215,7 +214,7 @@ def _output_for(output: Any, value: torch.Tensor, shape: list[int], what: str) -
 def _gather_one(
     comm: Any, value: torch.Tensor, dim: int, output: Optional[torch.Tensor]
 ) -> torch.Tensor:
-    name = _check(value, "value")
+    name = check(value, "value")
     n = comm.size
     dim = _norm_dim(dim, value.dim(), "all_gather")
     shape = list(value.shape)
@@ -224,10 +223,10 @@ def _gather_one(
         output = _output_for(output, value, shape, "all_gather")
     if dim == 0:
         target = output if output is not None else torch.empty(shape, dtype=value.dtype)
-        _engine_all_gather(comm, value, target, name)
+        engine.all_gather(comm, value, target, name)
         return target
     stacked = torch.empty([n, *value.shape], dtype=value.dtype)
-    _engine_all_gather(comm, value, stacked, name)
+    engine.all_gather(comm, value, stacked, name)
     result = stacked.movedim(0, dim).reshape(shape)
     if output is not None:
         output.copy_(result)
@@ -263,13 +262,13 @@ def all_gather(
       tensor([0, 1])
     """
     if not groups and dim == 0 and not _profiler._is_profiler_enabled:
-        fast = _world_all_gather(value, output)  # the common call, in the fewest steps
+        fast = world_all_gather(value, output)  # the common call, in the fewest steps
         if fast is not None:
             return fast
     return _all_gather(value, dim, groups, output, pin_layout)
 
 
-@_traced
+@traced
 def _all_gather(
     value: Union[torch.Tensor, list[torch.Tensor]],
     dim: int,
@@ -283,10 +282,12 @@ def _all_gather(
         # groups of any sizes; its other forms assert equal ones.
         _check_equal_groups(groups)
     if isinstance(value, (torch.Tensor, np.ndarray)):
-        value = _as_tensor(value, "value")
-        comm = runtime._group(groups)
+        value = as_tensor(value, "value")
+        comm = core_groups.group_comm(groups)
         if not isinstance(output, (torch.Tensor, np.ndarray, type(None))):
-            raise TypeError(f"rank {_rank()}: output must be a tensor, got {type(output).__name__}")
+            raise TypeError(
+                f"rank {error_rank()}: output must be a tensor, got {type(output).__name__}"
+            )
         return _gather_one(comm, value, dim, output)
     if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
         if pin_layout:
@@ -295,7 +296,7 @@ def _all_gather(
                 "supported."
             )
         outputs = _check_output_list(output, value)
-        comm = runtime._group(groups)
+        comm = core_groups.group_comm(groups)
         gathered = [
             _gather_one(comm, v, dim, outputs[i] if outputs is not None else None)
             for i, v in enumerate(value)
@@ -323,7 +324,7 @@ def _check_equal_groups(groups: Optional[list[list[int]]]) -> None:
         sizes = {len(g) for g in groups if isinstance(g, (list, tuple))}
         if len(sizes) > 1:
             raise errors.ReplicaGroupError(
-                f"rank {_rank()}: Replica groups must have the same number of replicas/shards "
+                f"rank {error_rank()}: Replica groups must have the same number of replicas/shards "
                 f"(group sizes {sorted(sizes)})."
             )
 
@@ -337,32 +338,32 @@ def _scatter_one(
     shard_count: int,
     output: Optional[torch.Tensor],
 ) -> torch.Tensor:
-    name = _check(value, "input")
+    name = check(value, "input")
     n = comm.size
     if shard_count != n:
         raise ValueError(
-            f"rank {_rank()}: reduce_scatter shard_count={shard_count} must equal the number of "
-            f"replicas in the group ({n})"
+            f"rank {error_rank()}: reduce_scatter shard_count={shard_count} must equal the "
+            f"number of replicas in the group ({n})"
         )
     dim = _norm_dim(scatter_dim, value.dim(), "reduce_scatter")
     if value.shape[dim] % shard_count != 0:
         raise ValueError(
-            f"rank {_rank()}: reduce_scatter dimension {dim} of size {value.shape[dim]} is not "
-            f"divisible by shard_count={shard_count}"
+            f"rank {error_rank()}: reduce_scatter dimension {dim} of size {value.shape[dim]} is "
+            f"not divisible by shard_count={shard_count}"
         )
     shape = list(value.shape)
     shape[dim] //= shard_count
     if output is not None:
         output = _output_for(output, value, shape, "reduce_scatter")
     front = value if dim == 0 else value.movedim(dim, 0).contiguous()
-    if output is not None and dim == 0 and not _overlaps(output, front):
+    if output is not None and dim == 0 and not overlaps(output, front):
         # the engine writes straight into `output`
-        _engine_reduce_scatter(comm, front, output, name, reduce_type)
-        _apply_scale(output, scale)
+        engine.reduce_scatter(comm, front, output, reduce_type, name)
+        apply_scale(output, scale)
         return output
     block = torch.empty([front.shape[0] // n, *front.shape[1:]], dtype=value.dtype)
-    _engine_reduce_scatter(comm, front, block, name, reduce_type)
-    _apply_scale(block, scale)
+    engine.reduce_scatter(comm, front, block, reduce_type, name)
+    apply_scale(block, scale)
     result = block if dim == 0 else block.movedim(0, dim)
     if output is not None:
         output.copy_(result)
@@ -403,7 +404,7 @@ def reduce_scatter(
       tensor([0., 2.])                    # rank 0; rank 1 gets tensor([4., 6.])
     """
     if not groups and scatter_dim == 0 and not _profiler._is_profiler_enabled:
-        fast = _world_reduce_scatter(reduce_type, input, scale, shard_count, output)
+        fast = world_reduce_scatter(reduce_type, input, scale, shard_count, output)
         if fast is not None:  # the common call, in the fewest steps
             return fast
     return _reduce_scatter(
@@ -411,7 +412,7 @@ def reduce_scatter(
     )
 
 
-@_traced
+@traced
 def _reduce_scatter(
     reduce_type: str,
     input: Union[torch.Tensor, list[torch.Tensor]],
@@ -423,15 +424,15 @@ def _reduce_scatter(
     pin_layout: bool,
 ) -> Union[torch.Tensor, list[torch.Tensor]]:
     """The general path of :func:`reduce_scatter` (checked, any group or dim)."""
-    reduce_type = _check_reduce_type(reduce_type)
+    reduce_type = check_reduce_type(reduce_type)
     _check_equal_groups(groups)
     if isinstance(input, (torch.Tensor, np.ndarray)):
-        value = _as_tensor(input, "input")
-        comm = runtime._group(groups)
+        value = as_tensor(input, "input")
+        comm = core_groups.group_comm(groups)
         return _scatter_one(comm, reduce_type, value, scale, scatter_dim, shard_count, output)
     if isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input):
         outputs = _check_output_list(output, input)
-        comm = runtime._group(groups)
+        comm = core_groups.group_comm(groups)
         shards = [
             _scatter_one(
                 comm,
@@ -474,12 +475,12 @@ def collective_broadcast(
       tensor([1., 1.])
     """
     if (not groups and type(tensors) is list and len(tensors) == 1
-            and not _profiler._is_profiler_enabled and _world_broadcast(tensors[0], root_ordinal)):
+            and not _profiler._is_profiler_enabled and world_broadcast(tensors[0], root_ordinal)):
         return  # the common call, in the fewest steps
     _collective_broadcast(tensors, root_ordinal, groups, pin_layout)
 
 
-@_traced
+@traced
 def _collective_broadcast(
     tensors: list[torch.Tensor],
     root_ordinal: int,
@@ -488,41 +489,41 @@ def _collective_broadcast(
 ) -> None:
     """The general path of :func:`collective_broadcast` (checked, any group)."""
     if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"rank {_rank()}: tensors must be a list of tensors")
+        raise TypeError(f"rank {error_rank()}: tensors must be a list of tensors")
     if world_size() == 1:
         if root_ordinal != 0:
             raise ValueError(f"rank 0: root_ordinal {root_ordinal} is out of range for 1 replica")
         return
     if not isinstance(root_ordinal, int) or not 0 <= root_ordinal < world_size():
         raise ValueError(
-            f"rank {_rank()}: root_ordinal {root_ordinal} is out of range for world size "
+            f"rank {error_rank()}: root_ordinal {root_ordinal} is out of range for world size "
             f"{world_size()}"
         )
-    comm = runtime._group(groups)
+    comm = core_groups.group_comm(groups)
     root: Optional[int] = root_ordinal
     if groups:
-        mine = list(next(g for g in groups if _rank() in g))
+        mine = list(next(g for g in groups if error_rank() in g))
         root = mine.index(root_ordinal) if root_ordinal in mine else None
-    checked = [_as_tensor(t, f"tensors[{i}]", write=True).detach() for i, t in enumerate(tensors)]
-    names = [_check(t, f"tensors[{i}]") for i, t in enumerate(checked)]
+    checked = [as_tensor(t, f"tensors[{i}]", write=True).detach() for i, t in enumerate(tensors)]
+    names = [check(t, f"tensors[{i}]") for i, t in enumerate(checked)]
     for t, name in zip(checked, names):
         if root is None:
             t.zero_()  # the whole group lacks the root: all of it ends with zeros
         else:
-            _engine_broadcast(comm, t, name, root)
+            engine.broadcast(comm, t, root, name)
 
 
-@_traced
+@traced
 def barrier() -> None:
     """Blocks until every replica has called it.
 
     Example:
       >>> ringlet.barrier()
     """
-    runtime._world().barrier()
+    core_groups.world_comm().barrier()
 
 
-@_traced
+@traced
 def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list[bytes]:  # noqa: B006
     """Waits for every replica to reach the named rendezvous and exchanges payloads.
 
@@ -546,7 +547,7 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list
         raise TypeError(f"`payload` must be bytes, not {type(payload)}")
     if world_size() == 1:
         return [bytes(payload)]
-    comm = runtime._world()
+    comm = core_groups.world_comm()
     n = comm.size
     size = torch.tensor([len(payload)], dtype=torch.int64)
     sizes = torch.empty(n, dtype=torch.int64)
@@ -563,7 +564,7 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list
     return [raw[i * longest : i * longest + int(sizes[i])] for i in range(n)]
 
 
-@_traced
+@traced
 def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> Any:
     """Reduces an arbitrary picklable value across replicas.
 
@@ -780,7 +781,7 @@ class CoalescingBuckets:
         return self._out_tensors
 
 
-@_traced
+@traced
 def all_gather_bucketized(
     input_list: list[torch.Tensor],
     dim: int = 0,
@@ -812,7 +813,7 @@ def all_gather_bucketized(
     return CoalescingBuckets(gather, input_list, output, bucket_cap_mb=bucket_cap_mb)()
 
 
-@_traced
+@traced
 def reduce_scatter_bucketized(
     reduce_type: str,
     input_list: list[torch.Tensor],
@@ -849,7 +850,7 @@ def reduce_scatter_bucketized(
     return CoalescingBuckets(scatter, input_list, output, bucket_cap_mb=bucket_cap_mb)()
 
 
-@_traced
+@traced
 def all_reduce_bucketized_gradients(
     gradients: list[torch.Tensor],
     scale: float,
@@ -885,7 +886,7 @@ def _fetch_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     ]
 
 
-@_traced
+@traced
 def reduce_gradients(
     optimizer: torch.optim.Optimizer,
     groups: Optional[list[list[int]]] = None,
@@ -917,7 +918,7 @@ def reduce_gradients(
         all_reduce(REDUCE_SUM, gradients, scale=1.0 / count, groups=groups, pin_layout=pin_layout)
 
 
-@_traced
+@traced
 def optimizer_step(
     optimizer: torch.optim.Optimizer,
     barrier: bool = False,
@@ -951,7 +952,7 @@ def optimizer_step(
     return result
 
 
-@_traced
+@traced
 def broadcast_master_param(model: torch.nn.Module) -> None:
     """Copies every parameter and buffer of ``model`` from ordinal 0 to all.
 
@@ -967,7 +968,7 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
 # All-to-all, permute and point-to-point messages.
 
 
-@_traced
+@traced
 def all_to_all(
     value: torch.Tensor,
     split_dimension: int,
@@ -1004,21 +1005,21 @@ def all_to_all(
       >>> ringlet.all_to_all(x, split_dimension=1, concat_dimension=0, split_count=2)
       >>> # rank 0 gets [[0], [2]], rank 1 gets [[1], [3]]
     """
-    value = _as_tensor(value, "value")
-    comm = runtime._group(groups)
+    value = as_tensor(value, "value")
+    comm = core_groups.group_comm(groups)
     n = comm.size
-    split_count = _check_ints(split_count, "split_count")
+    split_count = check_int(split_count, "split_count")
     if split_count != n:
         raise ValueError(
-            f"rank {_rank()}: all_to_all split_count is {split_count} but the replica group "
+            f"rank {error_rank()}: all_to_all split_count is {split_count} but the replica group "
             f"has {n} members; they must be equal"
         )
     sd = _norm_dim(split_dimension, value.dim(), "all_to_all split_dimension")
     cd = _norm_dim(concat_dimension, value.dim(), "all_to_all concat_dimension")
-    _check(value, "value")
+    check(value, "value")
     if value.shape[sd] % n:
         raise ValueError(
-            f"rank {_rank()}: all_to_all cannot split dimension {sd} of size "
+            f"rank {error_rank()}: all_to_all cannot split dimension {sd} of size "
             f"{value.shape[sd]} into {n} equal blocks"
         )
     if n == 1:
@@ -1027,11 +1028,11 @@ def all_to_all(
     blocks = value.unflatten(sd, (n, value.shape[sd] // n)).movedim(sd, 0).contiguous()
     received = torch.empty_like(blocks)
     per = blocks[0].numel()
-    _exchange(comm, blocks, [per] * n, received, [per] * n)
+    engine.all_to_all_v(comm, blocks, [per] * n, received, [per] * n)
     return received.movedim(0, cd).flatten(cd, cd + 1)
 
 
-@_traced
+@traced
 def all_to_all_v(
     send: list[torch.Tensor],
     recv: list[torch.Tensor],
@@ -1059,28 +1060,29 @@ def all_to_all_v(
       >>> # 2 ranks: rank 0 sends 1 element to itself and 2 to rank 1
       >>> ringlet.all_to_all_v([torch.ones(1), torch.ones(2)], [torch.empty(1), torch.empty(3)])
     """
-    comm = runtime._group(groups)
+    comm = core_groups.group_comm(groups)
     n = comm.size
     for what, lst in (("send", send), ("recv", recv)):
         if not isinstance(lst, (list, tuple)) or len(lst) != n:
             raise ValueError(
-                f"rank {_rank()}: all_to_all_v needs a list of {n} {what} tensors "
+                f"rank {error_rank()}: all_to_all_v needs a list of {n} {what} tensors "
                 f"(one per group member), got {lst!r:.80}"
             )
-    sends = [_as_tensor(t, f"send[{i}]") for i, t in enumerate(send)]
-    recvs = [_as_tensor(t, f"recv[{i}]", write=True) for i, t in enumerate(recv)]
+    sends = [as_tensor(t, f"send[{i}]") for i, t in enumerate(send)]
+    recvs = [as_tensor(t, f"recv[{i}]", write=True) for i, t in enumerate(recv)]
     dtype = sends[0].dtype
     for i, t in enumerate([*sends, *recvs]):
         what = f"send[{i}]" if i < n else f"recv[{i - n}]"
-        _check(t, what)
+        check(t, what)
         if t.dtype != dtype:
             raise TypeError(
-                f"rank {_rank()}: all_to_all_v tensors must share one dtype; {what} is "
+                f"rank {error_rank()}: all_to_all_v tensors must share one dtype; {what} is "
                 f"{t.dtype}, send[0] is {dtype}"
             )
     flat_send = torch.cat([t.reshape(-1) for t in sends])
     flat_recv = torch.empty(sum(t.numel() for t in recvs), dtype=dtype)
-    _exchange(comm, flat_send, [t.numel() for t in sends], flat_recv, [t.numel() for t in recvs])
+    engine.all_to_all_v(comm, flat_send, [t.numel() for t in sends], flat_recv,
+                        [t.numel() for t in recvs])
     offset = 0
     for t in recvs:
         t.view(-1).copy_(flat_recv[offset : offset + t.numel()])
@@ -1088,7 +1090,7 @@ def all_to_all_v(
     return recv
 
 
-@_traced
+@traced
 def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Tensor:
     """Performs a collective permute: for every ``(source, target)`` pair the
     source replica's ``value`` is sent to the target replica. Every replica
@@ -1110,10 +1112,10 @@ def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Ten
       >>> n = ringlet.world_size()
       >>> ringlet.collective_permute(x, [[i, (i + 1) % n] for i in range(n)])
     """
-    value = _as_tensor(value, "value")
-    _check(value, "value")
+    value = as_tensor(value, "value")
+    check(value, "value")
     world = world_size()
-    me = _rank()
+    me = error_rank()
     if not isinstance(pairs, (list, tuple)):
         raise TypeError(f"rank {me}: pairs must be a list of [source, target] pairs")
     sources: dict[int, int] = {}
@@ -1121,7 +1123,7 @@ def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Ten
     for p in pairs:
         if not isinstance(p, (list, tuple)) or len(p) != 2:
             raise ValueError(f"rank {me}: collective_permute pair {p!r} is not [source, target]")
-        src, dst = (_check_ints(x, "a collective_permute replica id") for x in p)
+        src, dst = (check_int(x, "a collective_permute replica id") for x in p)
         for x in (src, dst):
             if not 0 <= x < world:
                 raise ValueError(
@@ -1145,8 +1147,8 @@ def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Ten
         send_counts[sources[me]] = k
     if me in targets:
         recv_counts[targets[me]] = k
-    _exchange(
-        runtime._world(),
+    engine.all_to_all_v(
+        core_groups.world_comm(),
         value if me in sources else value[:0].reshape(0),
         send_counts,
         out if me in targets else out.reshape(-1)[:0],
@@ -1156,8 +1158,8 @@ def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Ten
 
 
 def _check_peer(peer: Any, what: str) -> int:
-    peer = _check_ints(peer, what)
-    world, me = world_size(), _rank()
+    peer = check_int(peer, what)
+    world, me = world_size(), error_rank()
     if not 0 <= peer < world:
         raise ValueError(f"rank {me}: {what} {peer} is out of range for world size {world}")
     if peer == me:
@@ -1166,13 +1168,13 @@ def _check_peer(peer: Any, what: str) -> int:
 
 
 def _check_tag(tag: Any) -> int:
-    tag = _check_ints(tag, "tag")
+    tag = check_int(tag, "tag")
     if not 0 <= tag < 2**31:
-        raise ValueError(f"rank {_rank()}: tag must be in [0, 2**31), got {tag}")
+        raise ValueError(f"rank {error_rank()}: tag must be in [0, 2**31), got {tag}")
     return tag
 
 
-@_traced
+@traced
 def send(value: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     """Sends ``value`` to rank ``dst``; returns once ``dst`` has received it.
 
@@ -1198,15 +1200,15 @@ def send(value: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
       ... else:
       ...     ringlet.recv(torch.empty(4), src=0)
     """
-    value = _as_tensor(value, "value")
-    name = _check(value, "value")
+    value = as_tensor(value, "value")
+    name = check(value, "value")
     dst, tag = _check_peer(dst, "destination rank"), _check_tag(tag)
-    comm, peer = runtime._pair(dst)
-    comm.send(value.data_ptr(), _nbytes(value), name, peer, tag)
+    comm, peer = core_groups.pair_comm(dst)
+    comm.send(value.data_ptr(), nbytes(value), name, peer, tag)
     return value
 
 
-@_traced
+@traced
 def recv(output: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
     """Receives into ``output`` the tensor rank ``src`` sends with ``tag``.
 
@@ -1222,11 +1224,11 @@ def recv(output: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
     Example:
       >>> buf = ringlet.recv(torch.empty(4), src=0)
     """
-    output = _as_tensor(output, "output", write=True)
-    name = _check(output, "output")
+    output = as_tensor(output, "output", write=True)
+    name = check(output, "output")
     src, tag = _check_peer(src, "source rank"), _check_tag(tag)
-    comm, peer = runtime._pair(src)
-    comm.recv(output.data_ptr(), _nbytes(output), name, peer, tag)
+    comm, peer = core_groups.pair_comm(src)
+    comm.recv(output.data_ptr(), nbytes(output), name, peer, tag)
     return output
 
 
@@ -1288,7 +1290,7 @@ def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
       >>> ringlet.optimization_barrier_([grad])
     """
     if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"rank {_rank()}: tensors must be a list of tensors")
+        raise TypeError(f"rank {error_rank()}: tensors must be a list of tensors")
 
 
 def xla_rendezvous(
@@ -1426,7 +1428,7 @@ def xla_device_hw(device: Union[str, torch.device]) -> str:
     return torch.device(device).type.upper()
 
 
-@_traced
+@traced
 def _all_gather_using_all_reduce(
     value: torch.Tensor,
     dim: int = 0,
@@ -1451,9 +1453,9 @@ def _all_gather_using_all_reduce(
       >>> ringlet._all_gather_using_all_reduce(torch.tensor([ringlet.get_ordinal()]))
       tensor([0, 1])   # on 2 ranks
     """
-    value = _as_tensor(value, "value")
+    value = as_tensor(value, "value")
     dim = _norm_dim(dim, value.dim(), "_all_gather_using_all_reduce")
-    comm = runtime._group(groups)
+    comm = core_groups.group_comm(groups)
     index, count = comm.rank, comm.size
     shape = list(value.shape)
     size = shape[dim]
@@ -1462,7 +1464,8 @@ def _all_gather_using_all_reduce(
     padded.narrow(dim, index * size, size).copy_(value)
     if count == 1:
         return padded
-    _reduce_inplace(comm, [padded], REDUCE_SUM if value.dtype != torch.bool else REDUCE_OR, 1.0)
+    op = REDUCE_SUM if value.dtype != torch.bool else REDUCE_OR
+    all_reduce_coalesced(comm, [padded], op, 1.0)
     return padded
 
 

@@ -34,7 +34,8 @@ from typing import Any, Optional
 
 import torch
 
-from ... import errors, runtime
+from ... import errors
+from ...core import groups as core_groups
 from .. import communication
 from ..bucket import BaguaBucket, _default_group, register_ordered_buckets
 from ..communication import BaguaProcessGroup
@@ -89,7 +90,7 @@ def _agree(group: BaguaProcessGroup, text: str, what: str) -> None:
         by_text[t].append(group.ranks[i])
     detail = "; ".join(f"ranks {rs}: {t}" for t, rs in by_text.items())
     raise errors.CollectiveMismatchError(
-        f"rank {runtime.get_ordinal()}: the ranks of process group {group.group_name} "
+        f"rank {core_groups.get_ordinal()}: the ranks of process group {group.group_name} "
         f"chose different {what}: {detail}"
     )
 

@@ -1,53 +1,63 @@
-"""Process-group bootstrap: who am I, who are my peers, how are we connected.
+"""The job's world: bootstrap (who am I, who are my peers), the world,
+replica-group and pair communicators, shutdown and abort.
 
 Under ``torchrun`` :func:`init` needs no arguments: it reads ``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` and exchanges listening
 addresses through the key-value store torchrun already runs (PyTorch's
 ``TCPStore``), under a ``ringlet/`` prefix of its own, so ringlet and
 ``torch.distributed`` can be initialised side by side in one job.
+
+The doors read the world through this module's public names (the old path
+``ringlet.runtime`` is this module, deprecated); a door that holds
+communicators of the job registers what closes them with :func:`on_shutdown`.
+
+Example:
+  >>> from ringlet.core import groups
+  >>> groups.init(); groups.world_comm().all_reduce(ptr, nbytes, "float32", "sum")
 """
 
 from __future__ import annotations
 
 import atexit
-import math
 import os
-import secrets
-import socket
 import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
-from . import _core
-from .core import store as _store
-from .errors import NotInitializedError
-
-# The rendezvous (ringlet.core.store), by the names runtime gave its functions.
-_accepts = _store.accepts
-_await = _store.await_keys
-_cores = _store.cores
-_exchange = _store.exchange
-_get_all = _store.get_all
-_make_store = _store.make_store
-_open_store = _store.open_store
-_pack = _store.pack
-_poll_floor = _store.poll_floor
-_port_holder = _store.port_holder
-_store_address = _store.store_address
-_timed_out = _store.timed_out
+from .. import _core
+from ..errors import NotInitializedError
+from .connection import (
+    connect,
+    connect_host_level,
+    engine_options,
+    env_float,
+    env_int,
+    host_id,
+    local_ip,
+    new_domain,
+    ranks_by_host,
+)
+from .store import make_store
 
 __all__ = [
+    "WorldState",
     "abort",
     "get_local_ordinal",
     "get_ordinal",
+    "group_comm",
     "host_layout",
     "init",
     "is_initialized",
     "local_world_size",
+    "on_shutdown",
+    "pair_comm",
     "peer_transports",
+    "require_state",
     "shutdown",
     "transport",
+    "validate_groups",
+    "world_comm",
     "world_size",
 ]
 
@@ -55,7 +65,9 @@ _DEFAULT_TIMEOUT = 300.0
 
 
 @dataclass
-class _State:
+class WorldState:
+    """This process's place in the job (between :func:`init` and :func:`shutdown`)."""
+
     rank: int
     world_size: int
     hosts: list[str]
@@ -67,7 +79,7 @@ class _State:
     groups: dict[tuple[tuple[int, ...], ...], _core.Communicator] = field(default_factory=dict)
     pairs: dict[int, _core.Communicator] = field(default_factory=dict)
     # Multi-host jobs: the host level the world communicator took over (the
-    # ranks of this host over shared memory; see _hierarchy). Kept for its
+    # ranks of this host over shared memory; see connect_host_level). Kept for its
     # transport and size: the engine runs it inside the world's collectives.
     hier: Optional[_core.Communicator] = None
     # Rank 0 of an explicit init runs the key-value store in its own process.
@@ -77,228 +89,8 @@ class _State:
     domain: int = 0
 
 
-_state: Optional[_State] = None
+_state: Optional[WorldState] = None
 _lock = threading.Lock()
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
-
-
-# A waiting rank spins this many times, then on for up to _LONG_SPIN_US µs in
-# all for a peer inside the operation, and for up to _SPIN_US µs for one that
-# may not have entered it yet while other tasks want the CPUs, before it parks
-# on a futex the writer wakes; that when every rank of the host has a core of
-# its own. With more ranks than cores on a host a spinning rank takes the core
-# a peer it waits for needs, so it spins briefly and parks. It never yields by
-# default: a yield hands a busy neighbour (another job, data-loader workers,
-# the caller's own threads) the core for its whole scheduler slice
-# (docs/design.md, "Waiting on busy cores").
-_SPINS_DEDICATED = 2000
-_SPINS_SHARED = 30
-_SPIN_US = 50
-_LONG_SPIN_US = 2000
-
-
-
-def _engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, Any]:
-    """Engine settings from the environment; ``local_ranks`` (the group's
-    ranks on this host) picks the default spin budgets, ``crowded`` (more of
-    the job's ranks on this machine than it has CPUs, with network traffic
-    between them: hosts simulated on one machine) makes a waiting rank park
-    after a short spin, since a spinning rank would keep the CPU from the
-    ranks and the network stack it waits for."""
-    dedicated = local_ranks <= _cores() and not crowded
-    mode = os.environ.get("RINGLET_TRANSPORT", "auto").lower()
-    if mode not in ("auto", "tcp", "shm"):
-        raise ValueError(f"RINGLET_TRANSPORT={mode!r}: expected 'auto', 'shm' or 'tcp'")
-    return {
-        "force_tcp": mode == "tcp",
-        "slot_bytes": _env_int("RINGLET_SHM_SLOT_BYTES", 1 << 20),
-        "cma": os.environ.get("RINGLET_CMA", "1") not in ("0", "false", "False"),
-        # Unset: collectives never read peers' memory directly (the staged
-        # path is faster here at every size; see DEFAULT_CMA_THRESHOLD in group.rs).
-        "cma_threshold": _env_int("RINGLET_CMA_THRESHOLD", (1 << 64) - 1),
-        "small_bytes": _env_int("RINGLET_SMALL_BYTES", 2 << 10),
-        "spins": _env_int("RINGLET_SPIN", _SPINS_DEDICATED if dedicated else _SPINS_SHARED),
-        "spin_us": _env_int("RINGLET_SPIN_US", _SPIN_US if dedicated else 0),
-        "long_spin_us": _env_int("RINGLET_LONG_SPIN_US", _LONG_SPIN_US if dedicated else 0),
-        "yield_us": _env_int("RINGLET_YIELD_US", 0),
-    }
-
-
-class _HostTable(list):  # type: ignore[type-arg]
-    """Each group rank's host identity (a ``list[str]``), and how many of the
-    group's ranks run on this machine (``machine_ranks``: hosts simulated
-    with ``RINGLET_HOST_ID`` may share one)."""
-
-    machine_ranks: int = 1
-
-
-def _host_id() -> str:
-    return os.environ.get("RINGLET_HOST_ID") or _core.host_identity()
-
-
-def _local_ip(master_addr: str) -> str:
-    explicit = os.environ.get("RINGLET_ADDR")
-    if explicit:
-        return explicit
-    if master_addr in ("localhost", "127.0.0.1", "::1"):
-        return "127.0.0.1"
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master_addr, 9))  # no packet is sent for UDP connect
-            return str(s.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-
-
-
-
-# The process's listening sockets, by bind address: one for all its groups.
-_listeners: dict[str, Any] = {}
-_listeners_lock = threading.Lock()  # _connect may run under _lock
-
-
-def _listener(bind: str) -> Any:
-    """The listening socket of this process on ``bind``, made on first use
-    and shared by every group it connects: each connection's hello names its
-    group by the group's token, and the core hands it to that group whichever
-    group accepted it (the lobby in rust/ringlet-core/src/transport/tcp). One
-    socket a process instead of one a group."""
-    with _listeners_lock:
-        listener = _listeners.get(bind)
-        if listener is None:
-            listener = _listeners[bind] = _core.Listener(f"{bind}:0")
-        return listener
-
-
-def _connect(
-    store: Any,
-    key: str,
-    group_rank: int,
-    group_size: int,
-    addr: str,
-    timeout: float,
-    members: Optional[list[int]] = None,
-    name: str = "",
-    domain: int = 0,
-    crowded: Optional[bool] = None,
-    block: bool = False,
-) -> tuple[_core.Communicator, _HostTable]:
-    """Exchanges listening addresses under ``key`` and connects a group.
-    ``members`` (global ranks, by group rank) name peers in errors, ``name``
-    names the group, and communicators with the same ``domain`` fail
-    together. ``crowded`` (see _engine_options) defaults to: the group spans
-    hosts and runs more ranks on this machine than it has CPUs. ``block``:
-    see ``_await``."""
-    host = _host_id()
-    machine = _core.host_identity()
-    bind = "127.0.0.1" if addr.startswith("127.") else "0.0.0.0"
-    listener = _listener(bind)
-    me = {"addr": f"{addr}:{listener.port}", "host": host, "machine": machine}
-    peers, token = _exchange(store, key, group_rank, group_size, me, timeout, members, block)
-    hosts = _HostTable(p["host"] for p in peers)
-    hosts.machine_ranks = sum(1 for p in peers if p.get("machine") == machine)
-    if crowded is None:
-        crowded = hosts.machine_ranks > _cores() and len(set(hosts)) > 1
-    comm = _core.Communicator.connect(
-        listener,
-        group_rank,
-        [p["addr"] for p in peers],
-        [p["host"] for p in peers],
-        token,
-        timeout,
-        members=list(members) if members is not None else list(range(group_size)),
-        name=name or f"a group of {group_size} ranks",
-        domain=domain,
-        **_engine_options(sum(1 for p in peers if p["host"] == host), crowded),
-    )
-    return comm, hosts
-
-
-def _connect_members(
-    store: Any, key: str, members: list[int], me: int, addr: str, timeout: float,
-    name: str, domain: int, levels: bool = True, crowded: Optional[bool] = None,
-) -> tuple[_core.Communicator, _HostTable]:
-    """Connects the global ranks ``members`` (``me`` among them) under
-    ``key``; with ``levels``, a group spanning hosts with several ranks on
-    some host runs its collectives in two levels. A one-rank group needs no
-    network."""
-    if len(members) == 1:
-        hosts = _HostTable([_host_id()])
-        return _core.Communicator.single(domain), hosts
-    i = members.index(me)
-    comm, hosts = _connect(store, key, i, len(members), addr, timeout, members=list(members),
-                           name=name, domain=domain, crowded=crowded)
-    if levels:
-        local = _hierarchy(store, key, i, hosts, addr, timeout, domain, members=list(members))
-        if local is not None:
-            comm.attach_levels(local, _layout(hosts))
-    return comm, hosts
-
-
-def _bagua_levels(
-    store: Any, key: str, members: list[int], me: int, hosts: list[str], addr: str,
-    timeout: float, name: str, domain: int,
-) -> tuple[_core.Communicator, Optional[_core.Communicator], int,
-           Optional[_core.Communicator]]:
-    """Bagua's two levels over ``members`` (global ranks, ``hosts[i]`` the
-    host of ``members[i]``): the members on this rank's host, and the first
-    member of each host (``None`` on other ranks); the number of hosts; and,
-    when every host holds the same number of members, the *channel* of the
-    members at this rank's position on every host (the first members'
-    channel is the second level itself), else ``None``. Collective over the
-    members."""
-    by_host: dict[str, list[int]] = {}
-    for r, h in zip(members, hosts):
-        by_host.setdefault(h, []).append(r)
-    groups = list(by_host.values())
-    leaders = [g[0] for g in groups]
-    local = by_host[hosts[members.index(me)]]
-    host = leaders.index(local[0])
-    # A host's other ranks wait in the host level while its first rank talks
-    # across hosts: on a machine with more of the job's ranks than CPUs they
-    # park at once instead of yielding in a loop.
-    crowded = getattr(hosts, "machine_ranks", 0) > _cores()
-    intra, _ = _connect_members(store, f"{key}/intra{host}", local, me, addr, timeout,
-                                f"host {host} of {name}", domain, levels=False,
-                                crowded=crowded)
-    inter = None
-    if me == local[0]:
-        inter, _ = _connect_members(store, f"{key}/inter", leaders, me, addr, timeout,
-                                    f"the hosts' first ranks of {name}", domain, levels=False)
-    channel = None
-    even = len({len(g) for g in groups}) == 1
-    if even and len(groups) > 1 and len(local) > 1:
-        i = local.index(me)
-        if i == 0:
-            channel = inter
-        else:
-            channel, _ = _connect_members(
-                store, f"{key}/chan{i}", [g[i] for g in groups], me, addr, timeout,
-                f"the hosts' rank {i} of {name}", domain, levels=False)
-    return intra, inter, len(leaders), channel
-
-
-def _new_domain() -> int:
-    return secrets.randbits(63) | 1
 
 
 def init(
@@ -341,105 +133,54 @@ def init(
     with _lock:
         if _state is not None:
             return
-        rank = _env_int("RANK", 0) if rank is None else int(rank)
-        world = _env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
-        wait = _env_float("RINGLET_TIMEOUT", _DEFAULT_TIMEOUT) if timeout is None else timeout
+        rank = env_int("RANK", 0) if rank is None else int(rank)
+        world = env_int("WORLD_SIZE", 1) if world_size is None else int(world_size)
+        wait = env_float("RINGLET_TIMEOUT", _DEFAULT_TIMEOUT) if timeout is None else timeout
         if world < 1:
             raise ValueError(f"world_size must be at least 1, got {world}")
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is out of range for world_size {world}")
         if not wait > 0:
             raise ValueError(f"timeout must be positive, got {wait}")
-        _engine_options()  # validate the environment early
-        domain = _new_domain()
+        engine_options()  # validate the environment early
+        domain = new_domain()
         if world == 1:
-            _state = _State(
-                0, 1, [_host_id()], float(wait), _core.Communicator.single(domain), domain=domain
+            _state = WorldState(
+                0, 1, [host_id()], float(wait), _core.Communicator.single(domain), domain=domain
             )
             return
         addr = master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1"
         given = store is not None
         if not given:
-            port = int(master_port if master_port is not None else _env_int("MASTER_PORT", 29500))
-            store = _make_store(addr, port, rank, world, float(wait))
+            port = int(master_port if master_port is not None else env_int("MASTER_PORT", 29500))
+            store = make_store(addr, port, rank, world, float(wait))
         # Every rank of a job counts its arrival in the store; the count tells
         # all of them the same generation, however often each process
         # initialised before (a store may outlive a job).
         arrivals = int(store.add(f"ringlet/arrivals/{world}", 1))
         prefix = f"ringlet/w{world}/g{(arrivals - 1) // world}"
-        my_addr = _local_ip(addr)
+        my_addr = local_ip(addr)
         # On the main thread, before any other group of this job: the
-        # waits block on the store (see _await)
-        comm, hosts = _connect(
+        # waits block on the store (see await_keys)
+        comm, hosts = connect(
             store, f"{prefix}/world", rank, world, my_addr, float(wait),
             name=f"the world ({world} ranks)", domain=domain, block=True,
         )
-        hier = _hierarchy(store, prefix, rank, hosts, my_addr, float(wait), domain, block=True)
+        hier = connect_host_level(store, prefix, rank, hosts, my_addr, float(wait), domain,
+                                  block=True)
         if hier is not None:
-            comm.attach_levels(hier, _layout(hosts))
+            comm.attach_levels(hier, ranks_by_host(hosts))
             # The host groups connect through the store in groups that exclude
             # some ranks: no rank may return (and, on rank 0 of an explicit
             # init, take the store down with it) before every rank has
             # connected its own.
             comm.barrier()
-        _state = _State(
+        _state = WorldState(
             rank, world, hosts, float(wait), comm, store, prefix, my_addr, hier=hier,
             hosts_store=(rank == 0 and not given
                          and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"),
             domain=domain,
         )
-
-
-def _layout(hosts: list[str]) -> list[list[int]]:
-    order: dict[str, list[int]] = {}
-    for r, h in enumerate(hosts):
-        order.setdefault(h, []).append(r)
-    return list(order.values())
-
-
-def _hierarchy(
-    store: Any, prefix: str, rank: int, hosts: list[str], addr: str, timeout: float,
-    domain: int = 0, members: Optional[list[int]] = None, block: bool = False,
-) -> Optional[_core.Communicator]:
-    """For a group spanning several hosts with more than one rank on some
-    host, connects the ranks of this rank's host (shared memory); the caller
-    hands it to the group's communicator (``attach_levels``), whose
-    collectives then run in two levels inside the engine: each byte crosses
-    a host's link once per host instead of once per rank, all of a host's
-    ranks carry their share, and the shared-memory steps overlap the network
-    (see rust/ringlet-core/src/hierarchy). Hosts may hold different numbers
-    of ranks. Every rank takes the same decision from the same host table.
-    ``members`` maps group ranks to the global ranks errors name.
-    ``RINGLET_HIERARCHY=0`` turns it off (flat TCP between all ranks).
-    ``block``: see ``_await``."""
-    if os.environ.get("RINGLET_HIERARCHY", "1") in ("0", "false", "False"):
-        return None
-    if os.environ.get("RINGLET_TRANSPORT", "auto").lower() == "tcp":
-        return None
-    layout = _layout(hosts)
-    channels = 1
-    for g in layout:
-        channels = channels * len(g) // math.gcd(channels, len(g))
-    if len(layout) < 2 or all(len(g) == 1 for g in layout) or channels > _MAX_CHANNELS:
-        return None
-    h = next(i for i, g in enumerate(layout) if rank in g)
-    i = layout[h].index(rank)
-    glob = members if members is not None else list(range(len(hosts)))
-    # Hosts simulated on one machine with more ranks than CPUs: the host
-    # level parks its waits (the network stack needs the CPUs too).
-    crowded = getattr(hosts, "machine_ranks", 0) > _cores()
-    local, _ = _connect(
-        store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout,
-        members=[glob[r] for r in layout[h]],
-        name=f"the ranks of host {h} {[glob[r] for r in layout[h]]}", domain=domain,
-        crowded=crowded, block=block,
-    )
-    return local
-
-
-# Hosts whose rank counts have a least common multiple above this stay flat
-# (the engine cuts cross-host buffers into that many channels).
-_MAX_CHANNELS = 1024
 
 
 _shutdown_hooks: list[Callable[[], None]] = []
@@ -459,8 +200,8 @@ def on_shutdown(hook: Callable[[], None]) -> Callable[[], None]:
       Callable[[], None]: ``hook`` itself (usable as a decorator).
 
     Example:
-      >>> from ringlet import runtime
-      >>> runtime.on_shutdown(close_modules)
+      >>> from ringlet.core import groups
+      >>> groups.on_shutdown(close_modules)
     """
     if hook not in _shutdown_hooks:
         _shutdown_hooks.append(hook)
@@ -494,7 +235,7 @@ def shutdown() -> None:
 _LEAVE_WAIT_S = 30.0
 
 
-def _leave_store(state: _State) -> None:
+def _leave_store(state: WorldState) -> None:
     """Counts this rank out of the job's key-value store. Groups and pairs
     connect lazily through the store, so the rank whose process hosts it
     (rank 0 of an explicit init) waits until every rank has counted out
@@ -570,7 +311,8 @@ def _not_initialized() -> NotInitializedError:
     )
 
 
-def _require() -> _State:
+def require_state() -> WorldState:
+    """The world's state; :class:`NotInitializedError` before :func:`init`."""
     state = _state
     if state is None:
         raise _not_initialized()
@@ -582,7 +324,7 @@ def _solo() -> None:
     is true only without a launcher: under one (``WORLD_SIZE`` > 1) they
     raise :class:`NotInitializedError`, so no collective silently runs on one
     rank while the launcher started several. The one choke point every front
-    end passes through (with :func:`_require`)."""
+    end passes through (with :func:`require_state`)."""
     if _launcher_world() > 1:
         raise _not_initialized()
 
@@ -635,7 +377,7 @@ def host_layout() -> list[list[int]]:
     if state is None:
         _solo()
         return [[0]]
-    return _layout(state.hosts)
+    return ranks_by_host(state.hosts)
 
 
 def get_local_ordinal() -> int:
@@ -663,7 +405,7 @@ def transport() -> str:
     """Returns how the world communicator is connected: ``"local"`` (one
     process), ``"shm+cma"`` (shared memory with single-copy reads), ``"shm"``
     or ``"tcp"``."""
-    return _require().comm.transport
+    return require_state().comm.transport
 
 
 def peer_transports() -> dict[int, str]:
@@ -680,8 +422,8 @@ def peer_transports() -> dict[int, str]:
       >>> ringlet.peer_transports()     # 2 hosts x 2 ranks, on rank 0
       {1: 'shm+cma', 2: 'tcp', 3: 'tcp'}
     """
-    state = _require()
-    mine = next(g for g in _layout(state.hosts) if state.rank in g)
+    state = require_state()
+    mine = next(g for g in ranks_by_host(state.hosts) if state.rank in g)
     local = state.hier.transport if state.hier is not None else state.comm.transport
     return {
         r: (local if r in mine else state.comm.transport)
@@ -690,16 +432,17 @@ def peer_transports() -> dict[int, str]:
     }
 
 
-def _world() -> _core.Communicator:
-    return _require().comm
+def world_comm() -> _core.Communicator:
+    """The world's communicator; :class:`NotInitializedError` before :func:`init`."""
+    return require_state().comm
 
 
-def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
+def group_comm(groups: Optional[list[list[int]]]) -> _core.Communicator:
     """The communicator of this rank's replica group (created once, cached)."""
-    state = _require()
+    state = require_state()
     if not groups:
         return state.comm
-    key = _validate_groups(groups, state.world_size, state.rank)
+    key = validate_groups(groups, state.world_size, state.rank)
     mine = next(g for g in key if state.rank in g)
     if len(mine) == state.world_size and list(mine) == list(range(state.world_size)):
         return state.comm
@@ -711,29 +454,30 @@ def _group(groups: Optional[list[list[int]]]) -> _core.Communicator:
             else:
                 tag = "/".join(",".join(map(str, g)) for g in key)
                 at = f"{state.prefix}/group/{tag}/{key.index(mine)}"
-                comm, hosts = _connect(
+                comm, hosts = connect(
                     state.store, at, mine.index(state.rank), len(mine), state.addr,
                     state.timeout, members=list(mine), name=f"replica group {list(mine)}",
                     domain=state.domain,
                 )
                 # A replica group spanning hosts runs in two levels too.
-                local = _hierarchy(state.store, at, mine.index(state.rank), hosts, state.addr,
-                                   state.timeout, state.domain, members=list(mine))
+                local = connect_host_level(state.store, at, mine.index(state.rank), hosts,
+                                           state.addr, state.timeout, state.domain,
+                                           members=list(mine))
                 if local is not None:
-                    comm.attach_levels(local, _layout(hosts))
+                    comm.attach_levels(local, ranks_by_host(hosts))
             state.groups[key] = comm
     return comm
 
 
-def _pair(peer: int) -> tuple[_core.Communicator, int]:
+def pair_comm(peer: int) -> tuple[_core.Communicator, int]:
     """The two-rank communicator shared with ``peer`` (connected by the two
     ranks the first time either needs it; cached) and ``peer``'s rank in it."""
-    state = _require()
+    state = require_state()
     lo, hi = sorted((state.rank, peer))
     with _lock:
         comm = state.pairs.get(peer)
         if comm is None:
-            comm, _ = _connect(
+            comm, _ = connect(
                 state.store,
                 f"{state.prefix}/pair/{lo}-{hi}",
                 0 if state.rank == lo else 1,
@@ -748,7 +492,9 @@ def _pair(peer: int) -> tuple[_core.Communicator, int]:
     return comm, 1 if state.rank == lo else 0
 
 
-def _validate_groups(groups: Any, world: int, rank: int) -> tuple[tuple[int, ...], ...]:
+def validate_groups(groups: Any, world: int, rank: int) -> tuple[tuple[int, ...], ...]:
+    """``groups`` (replica groups: lists of ranks that cover ``world`` once) as a
+    tuple of tuples; ValueError naming what is wrong, from ``rank``'s view."""
     if not isinstance(groups, (list, tuple)) or not all(
         isinstance(g, (list, tuple)) for g in groups
     ):
