@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -57,7 +56,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from . import netns
-from .hosts import launch_here, launch_in_hosts, parse_layout
+from .hosts import finish_worker, launch, layout_and_rate, report
 
 PROGRESS = "ringlet.bench algorithms:"
 NEED_ROOT = "ringlet.bench algorithms needs root to create network namespaces (run it with sudo)"
@@ -250,7 +249,6 @@ def worker(out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    import ringlet
     import ringlet.bagua.compat as bagua
 
     cfg = json.loads((out / "config.json").read_text())
@@ -261,15 +259,7 @@ def worker(out: Path) -> None:
     rank = dist.get_rank()
     part = _steps_part if cfg["part"] == "steps" else _accuracy_part
     result = part(cfg, gloo, rank)
-    if rank == 0:
-        result.update(config=cfg, world=dist.get_world_size(),
-                      host_layout=ringlet.host_layout(), torch=torch.__version__)
-        tmp = out / ".result.json"
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.rename(out / "result.json")
-    dist.barrier(group=gloo)
-    ringlet.shutdown()
-    dist.destroy_process_group()
+    finish_worker(out, cfg, result, gloo)
 
 
 def time_to(curve: list[tuple[float, float]], target: float) -> Optional[float]:
@@ -391,41 +381,15 @@ def main() -> None:
     bad = [m for m in modes if m not in STEP_MODES]
     if bad:
         raise SystemExit(f"{PROGRESS} unknown ways {bad}: choose from {', '.join(STEP_MODES)}")
-    one_host = args.layout.strip().isdigit()
-    try:
-        layout = [int(args.layout)] if one_host else parse_layout(args.layout, None, None)
-    except ValueError as e:
-        raise SystemExit(f"{PROGRESS} {e}") from None
-    if not one_host:
-        if not hasattr(os, "geteuid") or os.geteuid() != 0:
-            raise SystemExit(NEED_ROOT)
-        why = netns.why_not(rate is not None)
-        if why:
-            raise SystemExit(f"{PROGRESS} {why}")
-        netns.cleanup_stale(args.tag)
-    else:
-        rate = None
+    layout, rate = layout_and_rate(args.layout, rate, args.tag, PROGRESS, NEED_ROOT)
     cfg = {"part": args.part, "layout": layout, "rate": rate, "modes": list(modes),
            "width": args.width, "layers": args.layers,
            "batch": args.batch or 16, "steps": args.steps,
            "rounds": args.rounds, "hidden": args.hidden, "epochs": args.epochs,
            "qadam_warmup": args.qadam_warmup}
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ringlet-bench-alg-"))
-    try:
-        if one_host:
-            result = launch_here("ringlet.bench.algorithms", layout[0], cfg, out, args.timeout)
-        else:
-            result = launch_in_hosts(layout, rate, "ringlet.bench.algorithms", cfg, out,
-                                     args.timeout, args.tag, args.keep is not None, PROGRESS)
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except (RuntimeError, TimeoutError) as e:
-        raise SystemExit(str(e)) from None
-    result["command"] = " ".join(["python -m ringlet.bench algorithms", *sys.argv[1:]])
-    print(tables(result), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    result = launch("ringlet.bench.algorithms", layout, rate, cfg, out, args, PROGRESS)
+    report(result, "python -m ringlet.bench algorithms", sys.argv[1:], tables, args.json)
     if args.plot:
         plot(result, args.plot)
 

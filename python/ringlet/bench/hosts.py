@@ -187,6 +187,64 @@ def parse_layout(layout: Optional[str], hosts: Optional[int], per_host: Optional
     return counts
 
 
+def namespaces_ready(rate: Optional[str], tag: str, progress: str, need_root: str) -> list[str]:
+    """Ends the program (``SystemExit``) unless network namespaces can be
+    made here (root, iproute2, and ``tc`` for a ``rate``), then deletes the
+    ones an earlier run with this ``tag`` left.
+
+    Args:
+      rate (str, optional): The host links' tbf rate (None: the raw veth).
+      tag (str): The namespaces' name prefix (``--tag``).
+      progress (str): The prefix of the bench's messages.
+      need_root (str): What to say without root.
+
+    Returns:
+      list[str]: The namespaces it deleted.
+
+    Example:
+      >>> namespaces_ready("1gbit", netns.PREFIX, PROGRESS, NEED_ROOT)
+      []
+    """
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        raise SystemExit(need_root)
+    why = netns.why_not(rate is not None)
+    if why:
+        raise SystemExit(f"{progress} {why}")
+    return netns.cleanup_stale(tag)
+
+
+def layout_and_rate(layout: str, rate: Optional[str], tag: str, progress: str,
+                    need_root: str) -> tuple[list[int], Optional[str]]:
+    """The ``--layout`` of a bench that runs on one host too: one number is
+    one host (no namespaces, no link rate), a list is ranks per host, in
+    namespaces that :func:`namespaces_ready` makes sure of. A bad layout ends
+    the program (``SystemExit``).
+
+    Args:
+      layout (str): ``"4"`` (one host) or ``"2,2"``.
+      rate (str, optional): The host links' tbf rate (None: the raw veth).
+      tag (str): The namespaces' name prefix (``--tag``).
+      progress (str): The prefix of the bench's messages.
+      need_root (str): What to say without root.
+
+    Returns:
+      tuple: The ranks per host, and the rate (None on one host).
+
+    Example:
+      >>> layout_and_rate("4", "1gbit", netns.PREFIX, PROGRESS, NEED_ROOT)
+      ([4], None)
+    """
+    one_host = layout.strip().isdigit()
+    try:
+        counts = [int(layout)] if one_host else parse_layout(layout, None, None)
+    except ValueError as e:
+        raise SystemExit(f"{progress} {e}") from None
+    if one_host:
+        return counts, None
+    namespaces_ready(rate, tag, progress, need_root)
+    return counts, rate
+
+
 def parse_ops(ops: str) -> list[str]:
     """Op names from a comma list (``all`` for every op; ``all_gather``,
     ``reduce_scatter`` and ``all_to_all`` are accepted for the c10d names).
@@ -414,11 +472,32 @@ def worker(out: Path) -> None:
                     f"{b} " + (f"{cell[b]['median_ms']:.3f} ms" if cell[b]["ok"] else "WRONG")
                     for b in BACKENDS)
                 print(f"{PROGRESS} {op} {_fmt_size(size)}: {ms}", flush=True)
-    if rank == 0:
-        result = {
-            "config": cfg, "world": dist.get_world_size(), "host_layout": ringlet.host_layout(),
-            "transport": ringlet.transport(), "torch": torch.__version__, "cells": cells,
-        }
+    finish_worker(out, cfg, {"transport": ringlet.transport(), "cells": cells}, gloo)
+
+
+def finish_worker(out: Path, cfg: dict[str, Any], result: dict[str, Any], gloo: Any) -> None:
+    """A bench worker's end: rank 0 adds the run's ``config``, ``world``,
+    ``host_layout`` and ``torch`` version to ``result`` and writes it to
+    ``out/result.json`` (whole or not at all), then every rank waits for the
+    others and leaves ringlet and ``torch.distributed``.
+
+    Args:
+      out (Path): The launcher's directory.
+      cfg (dict): The run's ``config.json``.
+      result (dict): What the ranks measured (rank 0's is written).
+      gloo (ProcessGroup): The gloo group the ranks wait on.
+
+    Example:
+      >>> finish_worker(out, cfg, {"cells": cells}, gloo)   # under torchrun
+    """
+    import torch
+    import torch.distributed as dist
+
+    import ringlet
+
+    if dist.get_rank() == 0:
+        result.update(config=cfg, world=dist.get_world_size(),
+                      host_layout=ringlet.host_layout(), torch=torch.__version__)
         tmp = out / ".result.json"
         tmp.write_text(json.dumps(result, indent=1))
         tmp.rename(out / "result.json")
@@ -538,6 +617,61 @@ def launch_here(module: str, n: int, cfg: dict[str, Any], out: Path,
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     result["layout"] = [n]
     return result
+
+
+def launch(module: str, layout: list[int], rate: Optional[str], cfg: dict[str, Any], out: Path,
+           args: argparse.Namespace, progress: str) -> dict[str, Any]:
+    """A bench's ranks as its command line asks: :func:`launch_here` for one
+    host (``layout == [n]``), else :func:`launch_in_hosts` (``args`` gives
+    ``timeout``, ``tag`` and ``keep``). Ctrl-C, or a launch that failed or
+    ran out of time, ends the program (``SystemExit``).
+
+    Args:
+      module (str): The bench module (``ringlet.bench.algorithms``, ...).
+      layout (list[int]): Ranks per host.
+      rate (str, optional): The host links' tbf rate (None: the raw veth).
+      cfg (dict): The workers' configuration.
+      out (Path): The run's directory.
+      args (argparse.Namespace): The parsed command line.
+      progress (str): The prefix of its progress lines.
+
+    Returns:
+      dict: The result rank 0 wrote.
+
+    Example:
+      >>> launch("ringlet.bench.lm", [2], None, cfg, Path("/tmp/run"), args, PROGRESS)
+    """
+    try:
+        if len(layout) == 1:
+            return launch_here(module, layout[0], cfg, out, args.timeout)
+        return launch_in_hosts(layout, rate, module, cfg, out, args.timeout, args.tag,
+                               args.keep is not None, progress)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except (RuntimeError, TimeoutError) as e:
+        raise SystemExit(str(e)) from None
+
+
+def report(result: dict[str, Any], command: str, argv: list[str],
+           tables: Callable[[dict[str, Any]], str], json_path: Optional[str]) -> None:
+    """Prints a run's tables and saves its raw result (``--json``), with
+    the command line that ran it as ``result["command"]``.
+
+    Args:
+      result (dict): The run's result.
+      command (str): The bench's command (``python -m ringlet.bench hosts``).
+      argv (list[str]): Its arguments.
+      tables (Callable): Renders the result as text.
+      json_path (str, optional): Where to save it (None: nowhere).
+
+    Example:
+      >>> report(result, "python -m ringlet.bench hosts", sys.argv[1:], tables, args.json)
+    """
+    result["command"] = " ".join([command, *argv])
+    print(tables(result), flush=True)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1))
 
 
 def launch_in_hosts(layout: list[int], rate: Optional[str], module: str, cfg: dict[str, Any],
@@ -844,12 +978,7 @@ def main() -> None:
 
     if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
         raise SystemExit(f"{PROGRESS} unknown dtype {args.dtype!r}")
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        raise SystemExit(NEED_ROOT)
-    why = netns.why_not(rate is not None)
-    if why:
-        raise SystemExit(f"{PROGRESS} {why}")
-    stale = netns.cleanup_stale(args.tag)
+    stale = namespaces_ready(rate, args.tag, PROGRESS, NEED_ROOT)
     if stale:
         print(f"{PROGRESS} deleted namespaces left by an earlier run: {stale}", file=sys.stderr)
     try:
@@ -860,11 +989,7 @@ def main() -> None:
         raise SystemExit(130) from None
     except (RuntimeError, TimeoutError) as e:
         raise SystemExit(str(e)) from None
-    result["command"] = " ".join(["python -m ringlet.bench hosts", *sys.argv[1:]])
-    print(tables(result), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    report(result, "python -m ringlet.bench hosts", sys.argv[1:], tables, args.json)
     if args.plot:
         plot(result, args.plot, args.plot_metric)
 

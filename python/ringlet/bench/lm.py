@@ -88,7 +88,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import netns
-from .hosts import launch_here, launch_in_hosts, parse_layout
+from .hosts import finish_worker, launch, layout_and_rate, report
 
 PROGRESS = "ringlet.bench algorithms:"
 NEED_ROOT = "ringlet.bench algorithms needs root to create network namespaces (run it with sudo)"
@@ -598,7 +598,6 @@ def worker(out: Path) -> None:
       out (Path): The run's directory: ``config.json`` in, ``result.json``
         out from rank 0.
     """
-    import torch
     import torch.distributed as dist
 
     import ringlet
@@ -608,15 +607,7 @@ def worker(out: Path) -> None:
     gloo = dist.new_group(backend="gloo")
     ringlet.init()  # for ringlet.host_layout() in the result
     result = run_all(cfg, gloo)
-    if dist.get_rank() == 0:
-        result.update(config=cfg, world=dist.get_world_size(),
-                      host_layout=ringlet.host_layout(), torch=torch.__version__)
-        tmp = out / ".result.json"
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.rename(out / "result.json")
-    dist.barrier(group=gloo)
-    ringlet.shutdown()
-    dist.destroy_process_group()
+    finish_worker(out, cfg, result, gloo)
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -807,13 +798,6 @@ def plot(result: dict[str, Any], path: str) -> None:
 # --- the launcher ----------------------------------------------------------------------------
 
 
-def _launch_here(n: int, cfg: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
-    """One host (``--layout N``): torchrun on this machine, no namespaces."""
-    result = launch_here("ringlet.bench.lm", n, cfg, out, timeout)
-    result["cpus"] = os.cpu_count()
-    return result
-
-
 def parser() -> argparse.ArgumentParser:
     """The command line of ``--part lm`` (see the module documentation)."""
     p = argparse.ArgumentParser(prog="python -m ringlet.bench algorithms --part lm",
@@ -874,38 +858,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(f"{PROGRESS} --d-model {args.d_model} must be divisible by "
                          f"--heads {args.heads}")
     rate = None if netns.parse_rate(args.rate) is None else args.rate
-    one_host = args.layout.strip().isdigit()
-    try:
-        layout = [int(args.layout)] if one_host else parse_layout(args.layout, None, None)
-    except ValueError as e:
-        raise SystemExit(f"{PROGRESS} {e}") from None
-    if one_host:
-        rate = None
-    else:
-        if not hasattr(os, "geteuid") or os.geteuid() != 0:
-            raise SystemExit(NEED_ROOT)
-        why = netns.why_not(rate is not None)
-        if why:
-            raise SystemExit(f"{PROGRESS} {why}")
-        netns.cleanup_stale(args.tag)
+    layout, rate = layout_and_rate(args.layout, rate, args.tag, PROGRESS, NEED_ROOT)
     cfg: dict[str, Any] = {k: getattr(args, k) for k in DEFAULTS}
     cfg.update(part="lm", layout=layout, rate=rate, modes=list(modes))
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ringlet-bench-lm-"))
-    try:
-        if one_host:
-            result = _launch_here(layout[0], cfg, out, args.timeout)
-        else:
-            result = launch_in_hosts(layout, rate, "ringlet.bench.lm", cfg, out, args.timeout,
-                                     args.tag, args.keep is not None, PROGRESS)
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    except (RuntimeError, TimeoutError) as e:
-        raise SystemExit(str(e)) from None
-    result["command"] = " ".join(["python -m ringlet.bench algorithms", *argv])
-    print(tables(result), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    result = launch("ringlet.bench.lm", layout, rate, cfg, out, args, PROGRESS)
+    if len(layout) == 1:  # one host
+        result["cpus"] = os.cpu_count()
+    report(result, "python -m ringlet.bench algorithms", argv, tables, args.json)
     if args.plot:
         try:
             plot(result, args.plot)
