@@ -42,6 +42,10 @@ def _set_grad(p: torch.Tensor, g: torch.Tensor) -> None:
     p.grad = g
 
 
+def _no_op(*args: Any) -> None:
+    """A hook that does nothing (any of the hooks' signatures)."""
+
+
 def ensure_tensor(
     t: torch.Tensor,
     name: str,
@@ -172,11 +176,7 @@ class AlgorithmImpl:
         Returns:
           Callable: ``hook(inputs)``.
         """
-
-        def hook(inputs: Any) -> None:
-            pass
-
-        return hook
+        return _no_op
 
     def init_backward_hook(self, bagua_ddp: Any) -> Callable[[str, torch.Tensor], None]:
         """Returns the function run when a parameter's gradient is ready.
@@ -237,11 +237,7 @@ class AlgorithmImpl:
         Returns:
           Callable: ``hook(optimizer)``.
         """
-
-        def hook(optimizer: Any) -> None:
-            pass
-
-        return hook
+        return _no_op
 
     def init_operations(self, bagua_ddp: Any, bucket: BaguaBucket) -> None:
         """Gives a bucket its operations (``bucket.append_*_op``). Default:

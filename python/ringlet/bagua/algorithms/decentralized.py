@@ -32,7 +32,7 @@ import torch
 from ..bucket import BaguaBucket
 from ..communication import BaguaProcessGroup
 from ..tensor import ensure_ringlet_tensor
-from .base import Algorithm, AlgorithmImpl, ensure_tensor
+from .base import Algorithm, AlgorithmImpl, _no_op, ensure_tensor
 
 __all__ = [
     "DecentralizedAlgorithm",
@@ -96,10 +96,7 @@ class DecentralizedAlgorithmImpl(AlgorithmImpl):
         return hook
 
     def init_backward_hook(self, bagua_ddp: Any) -> Callable[[str, torch.Tensor], None]:
-        def hook(parameter_name: str, parameter: torch.Tensor) -> None:
-            return
-
-        return hook
+        return _no_op
 
     def init_post_backward_hook(self, bagua_ddp: Any) -> Callable[[], None]:
         def hook() -> None:
@@ -160,16 +157,10 @@ class LowPrecisionDecentralizedAlgorithmImpl(AlgorithmImpl):
         return self.tensors
 
     def init_backward_hook(self, bagua_ddp: Any) -> Callable[[str, torch.Tensor], None]:
-        def hook(parameter_name: str, parameter: torch.Tensor) -> None:
-            pass
-
-        return hook
+        return _no_op
 
     def init_post_backward_hook(self, bagua_ddp: Any) -> Callable[[], None]:
-        def hook() -> None:
-            pass
-
-        return hook
+        return _no_op
 
     def init_post_optimizer_step_hook(self, bagua_ddp: Any) -> Callable[[Any], None]:
         mine = {id(t) for t in self.tensors}

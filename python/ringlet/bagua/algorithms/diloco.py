@@ -16,7 +16,7 @@ from torch import nn
 
 from ..bucket import BaguaBucket
 from ..communication import BaguaProcessGroup
-from .base import Algorithm, AlgorithmImpl
+from .base import Algorithm, AlgorithmImpl, _no_op
 
 __all__ = ["DiLoCoAlgorithm", "DiLoCoAlgorithmImpl"]
 
@@ -76,16 +76,10 @@ class DiLoCoAlgorithmImpl(AlgorithmImpl):
         return []
 
     def init_backward_hook(self, bagua_ddp: Any) -> Callable[[str, torch.Tensor], None]:
-        def hook(parameter_name: str, parameter: torch.Tensor) -> None:
-            pass
-
-        return hook
+        return _no_op
 
     def init_post_backward_hook(self, bagua_ddp: Any) -> Callable[[], None]:
-        def hook() -> None:
-            pass
-
-        return hook
+        return _no_op
 
     def init_post_optimizer_step_hook(self, bagua_ddp: Any) -> Callable[[Any], None]:
         def hook(optimizer: Any) -> None:
