@@ -32,18 +32,7 @@ from .core.groups import (
     transport,
     world_size,
 )
-from .errors import (
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    CommunicatorAbortedError,
-    NotInitializedError,
-    PeerLostError,
-    ReplicaGroupError,
-    RingletError,
-    ShardingSpecError,
-    TensorRegistrationError,
-    TensorStateError,
-)
+from .errors import *  # noqa: F403 (its __all__: the exception types)
 from .xla.xla_model import *  # noqa: F403 (its __all__: torch_xla's collectives)
 from .xla.xla_model import (
     ToXlaTensorArena,
