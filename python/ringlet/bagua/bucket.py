@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _core
+from ..core import engine
 from ..core.engine import DTYPE_NAMES
 from . import process_group
 from .process_group import BaguaProcessGroup
@@ -49,9 +50,10 @@ def check_contiguous(tensors: list[torch.Tensor]) -> bool:
     """Returns whether ``tensors`` lie back to back in memory, in order."""
     end = None
     for t in tensors:
-        if end is not None and t.data_ptr() != end:
+        start, size = engine.span(t)
+        if end is not None and start != end:
             return False
-        end = t.data_ptr() + t.numel() * t.element_size()
+        end = start + size
     return True
 
 
@@ -273,7 +275,7 @@ class BaguaBucket:
         if at is None:
             return
         view = flat[at:at + eff.numel()]
-        if eff.data_ptr() == view.data_ptr():
+        if engine.ptr(eff) == engine.ptr(view):
             return
         with torch.no_grad():
             view.copy_(eff.reshape(-1))
@@ -388,7 +390,7 @@ class BaguaBucket:
         """
         peer = _state_tensor(peer_weight, "peer_weight")
         core = _core.DecentralizedOp(self._comms(group, hierarchical), str(peer_selection_mode),
-                                     peer.data_ptr(), peer.nbytes, DTYPE_NAMES[peer.dtype], peer)
+                                     *engine.span(peer), DTYPE_NAMES[peer.dtype], peer)
         self._append(core)
         return DecentralizedOp(core, peer)
 
@@ -426,7 +428,7 @@ class BaguaBucket:
             raise ValueError("weight, left_peer_weight and right_peer_weight must have one "
                              "dtype and size")
         core = _core.LowPrecisionOp(self._comms(group, hierarchical),
-                                    *[(t.data_ptr(), t.nbytes, t) for t in ts],
+                                    *[(*engine.span(t), t) for t in ts],
                                     DTYPE_NAMES[ts[0].dtype])
         self._append(core)
         return core
@@ -456,7 +458,7 @@ class BaguaBucket:
         flat = _state_tensor(self.backend_tensor, "the bucket")
         group = _default_group() if group is None else group
         comm = group._dedicated(group._next_tag())
-        core = _core.AsyncAverager(comm, flat.data_ptr(), flat.nbytes,
+        core = _core.AsyncAverager(comm, *engine.span(flat),
                                    DTYPE_NAMES[flat.dtype], flat)
         self._append(core)
         return AsyncModelAverageOp(core)

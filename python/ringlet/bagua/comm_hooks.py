@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..core import groups
+from ..core import engine, groups
 from ..core.engine import DTYPE_NAMES
 from ..core.hook_worker import HookStates, HookWorker
 from .tensor import new_communicator
@@ -80,7 +80,7 @@ class AllReduceState:
         return self._worker.submit(buffer)
 
     def _reduce(self, buf: torch.Tensor) -> None:
-        self._comm.all_reduce(buf.data_ptr(), buf.nbytes, DTYPE_NAMES[buf.dtype], "sum")
+        engine.all_reduce(self._comm, buf, "sum")
         if self.average and self.world_size > 1:
             buf.div_(self.world_size)
 

@@ -27,13 +27,15 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import pickle
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar, cast
 
 import torch
 
-from ..core import groups
+from ..core import engine, groups
 from ..core.engine import check
 from . import process_group as _pg
 from .env import get_rank
@@ -115,6 +117,29 @@ def _resolve(c: Any) -> Optional[Communicator]:
     return c
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _members_only(fn: _F) -> _F:
+    """Runs the collective ``fn`` with its ``comm`` argument resolved to a
+    :class:`Communicator` (:func:`_resolve`); on a rank outside it, returns
+    None at once, as Bagua's collectives do."""
+    at = list(inspect.signature(fn).parameters).index("comm")
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > at:
+            c = _resolve(args[at])
+            args = (*args[:at], c, *args[at + 1:])
+        else:
+            c = kwargs["comm"] = _resolve(kwargs.get("comm"))
+        if c is None:
+            return None
+        return fn(*args, **kwargs)
+
+    return cast(_F, run)
+
+
 def _op_name(op: Any, dtype: torch.dtype) -> str:
     try:
         op = ReduceOp(int(op))
@@ -141,6 +166,30 @@ def _same_size(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         )
 
 
+def _point_to_point(op: Callable[..., None], what: str, to: str, tensor: torch.Tensor,
+                    peer: int, c: Communicator) -> None:
+    """:func:`send` or :func:`recv` (``op``: the engine's) with rank ``peer``
+    of ``c``, over the pair's own communicator."""
+    name = check(tensor, f"{what} tensor")
+    if not 0 <= peer < c.nranks() or peer == c.rank():
+        raise ValueError(
+            f"rank {get_rank()}: {what} {to} {peer} of a {c.nranks()}-rank communicator")
+    pair, pair_peer = groups.pair_comm(c.ranks[peer])
+    op(pair, tensor, pair_peer, 0, name)
+
+
+def _coalesced(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor], None]) -> None:
+    """Runs ``collective`` in place on the tensors flattened into one buffer,
+    then copies the result back into them."""
+    if not tensors:
+        return
+    flat = torch._utils._flatten_dense_tensors(tensors)
+    collective(flat)
+    for t, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
+        t.copy_(synced)
+
+
+@_members_only
 def send(tensor: torch.Tensor, dst: int, comm: Any = None) -> None:
     """Sends ``tensor`` to rank ``dst`` of the communicator (blocking).
 
@@ -149,16 +198,10 @@ def send(tensor: torch.Tensor, dst: int, comm: Any = None) -> None:
       dst (int): The receiver's rank in the communicator.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
-    name = check(tensor, "send tensor")
-    if not 0 <= dst < c.nranks() or dst == c.rank():
-        raise ValueError(f"rank {get_rank()}: send to {dst} of a {c.nranks()}-rank communicator")
-    pair, peer = groups.pair_comm(c.ranks[dst])
-    pair.send(tensor.data_ptr(), tensor.nbytes, name, peer, 0)
+    _point_to_point(engine.send, "send", "to", tensor, dst, comm)
 
 
+@_members_only
 def recv(tensor: torch.Tensor, src: int, comm: Any = None) -> None:
     """Receives into ``tensor`` what rank ``src`` of the communicator sends.
 
@@ -167,16 +210,10 @@ def recv(tensor: torch.Tensor, src: int, comm: Any = None) -> None:
       src (int): The sender's rank in the communicator.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
-    name = check(tensor, "recv tensor")
-    if not 0 <= src < c.nranks() or src == c.rank():
-        raise ValueError(f"rank {get_rank()}: recv from {src} of a {c.nranks()}-rank communicator")
-    pair, peer = groups.pair_comm(c.ranks[src])
-    pair.recv(tensor.data_ptr(), tensor.nbytes, name, peer, 0)
+    _point_to_point(engine.recv, "recv", "from", tensor, src, comm)
 
 
+@_members_only
 def broadcast(tensor: torch.Tensor, src: int = 0, comm: Any = None) -> None:
     """Copies rank ``src``'s ``tensor`` into every rank's ``tensor``.
 
@@ -185,13 +222,11 @@ def broadcast(tensor: torch.Tensor, src: int = 0, comm: Any = None) -> None:
       src (int): The root's rank in the communicator. Default: 0.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     name = check(tensor, "broadcast tensor")
-    c._core.broadcast(tensor.data_ptr(), tensor.nbytes, name, int(src))
+    engine.broadcast(comm._core, tensor, int(src), name)
 
 
+@_members_only
 def broadcast_coalesced(tensors: list[torch.Tensor], src: int = 0, comm: Any = None) -> None:
     """Broadcasts several tensors as one buffer.
 
@@ -200,12 +235,7 @@ def broadcast_coalesced(tensors: list[torch.Tensor], src: int = 0, comm: Any = N
       src (int): The root's rank in the communicator. Default: 0.
       comm (Communicator, optional): Default: the default group's.
     """
-    if _resolve(comm) is None or not tensors:
-        return
-    flat = torch._utils._flatten_dense_tensors(tensors)
-    broadcast(flat, src, comm)
-    for t, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
-        t.copy_(synced)
+    _coalesced(tensors, lambda flat: broadcast(flat, src, comm))
 
 
 def broadcast_object(obj: object, src: int = 0, comm: Any = None) -> object:
@@ -236,6 +266,7 @@ def broadcast_object(obj: object, src: int = 0, comm: Any = None) -> object:
     return pickle.load(io.BytesIO(payload.numpy().tobytes()))
 
 
+@_members_only
 def reduce(
     send_tensor: torch.Tensor,
     recv_tensor: torch.Tensor,
@@ -253,13 +284,10 @@ def reduce(
       op (ReduceOp): Default: ``SUM``.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     _same_size(send_tensor, recv_tensor, "reduce")
     tmp = send_tensor.detach().clone()
-    allreduce_inplace(tmp, op, c)
-    if c.rank() == dst:
+    allreduce_inplace(tmp, op, comm)
+    if comm.rank() == dst:
         recv_tensor.copy_(tmp.view_as(recv_tensor))
 
 
@@ -276,6 +304,7 @@ def reduce_inplace(tensor: torch.Tensor, dst: int, op: ReduceOp = ReduceOp.SUM,
     reduce(tensor, tensor, dst, op, comm)
 
 
+@_members_only
 def allreduce_coalesced_inplace(tensors: list[torch.Tensor], op: ReduceOp = ReduceOp.SUM,
                                 comm: Any = None) -> None:
     """All-reduces several tensors as one buffer, in place.
@@ -285,14 +314,10 @@ def allreduce_coalesced_inplace(tensors: list[torch.Tensor], op: ReduceOp = Redu
       op (ReduceOp): Default: ``SUM``.
       comm (Communicator, optional): Default: the default group's.
     """
-    if _resolve(comm) is None or not tensors:
-        return
-    flat = torch._utils._flatten_dense_tensors(tensors)
-    allreduce_inplace(flat, op, comm)
-    for t, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
-        t.copy_(synced)
+    _coalesced(tensors, lambda flat: allreduce_inplace(flat, op, comm))
 
 
+@_members_only
 def allreduce(send_tensor: torch.Tensor, recv_tensor: torch.Tensor,
               op: ReduceOp = ReduceOp.SUM, comm: Any = None) -> None:
     """Reduces every rank's ``send_tensor`` into every rank's ``recv_tensor``
@@ -307,15 +332,13 @@ def allreduce(send_tensor: torch.Tensor, recv_tensor: torch.Tensor,
     Example:
       >>> bagua.allreduce(t, t)      # in place: the sum over the ranks
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     _same_size(send_tensor, recv_tensor, "allreduce")
-    if recv_tensor.data_ptr() != send_tensor.data_ptr():
+    if engine.ptr(recv_tensor) != engine.ptr(send_tensor):
         recv_tensor.copy_(send_tensor.view_as(recv_tensor))
-    allreduce_inplace(recv_tensor, op, c)
+    allreduce_inplace(recv_tensor, op, comm)
 
 
+@_members_only
 def allreduce_inplace(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, comm: Any = None) -> None:
     """All-reduces ``tensor`` in place.
 
@@ -324,14 +347,12 @@ def allreduce_inplace(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM, comm: A
       op (ReduceOp): Default: ``SUM``.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     name = check(tensor, "allreduce tensor")
-    c._core.all_reduce(tensor.data_ptr(), tensor.nbytes, name, _op_name(op, tensor.dtype))
-    _finish(op, tensor, c.nranks())
+    engine.all_reduce(comm._core, tensor, _op_name(op, tensor.dtype), name)
+    _finish(op, tensor, comm.nranks())
 
 
+@_members_only
 def allgather(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, comm: Any = None) -> None:
     """Gathers every rank's ``send_tensor`` into ``recv_tensor`` (block r
     from rank r; ``nranks`` times the size).
@@ -341,13 +362,9 @@ def allgather(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, comm: Any = 
       recv_tensor (torch.Tensor): The blocks of all ranks.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     name = check(send_tensor, "allgather send tensor")
     check(recv_tensor, "allgather recv tensor")
-    c._core.all_gather(send_tensor.data_ptr(), send_tensor.nbytes, recv_tensor.data_ptr(),
-                       recv_tensor.nbytes, name)
+    engine.all_gather(comm._core, send_tensor, recv_tensor, name)
 
 
 def _block(tensor: torch.Tensor, n: int, what: str) -> int:
@@ -359,6 +376,7 @@ def _block(tensor: torch.Tensor, n: int, what: str) -> int:
     return tensor.numel() // n
 
 
+@_members_only
 def allgather_inplace(tensor: torch.Tensor, comm: Any = None) -> None:
     """:func:`allgather` where this rank's block is its slot of ``tensor``.
 
@@ -366,15 +384,13 @@ def allgather_inplace(tensor: torch.Tensor, comm: Any = None) -> None:
       tensor (torch.Tensor): ``nranks`` blocks; block ``rank`` is sent.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     check(tensor, "allgather tensor")
-    b = _block(tensor, c.nranks(), "allgather tensor")
-    mine = tensor.view(-1)[c.rank() * b:(c.rank() + 1) * b].clone()
-    allgather(mine, tensor, c)
+    b = _block(tensor, comm.nranks(), "allgather tensor")
+    mine = tensor.view(-1)[comm.rank() * b:(comm.rank() + 1) * b].clone()
+    allgather(mine, tensor, comm)
 
 
+@_members_only
 def gather(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, dst: int,
            comm: Any = None) -> None:
     """Gathers every rank's ``send_tensor`` into rank ``dst``'s ``recv_tensor``.
@@ -386,15 +402,13 @@ def gather(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, dst: int,
       dst (int): The receiver's rank in the communicator.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
-    out = torch.empty(send_tensor.numel() * c.nranks(), dtype=send_tensor.dtype)
-    allgather(send_tensor.contiguous(), out, c)
-    if c.rank() == dst:
+    out = torch.empty(send_tensor.numel() * comm.nranks(), dtype=send_tensor.dtype)
+    allgather(send_tensor.contiguous(), out, comm)
+    if comm.rank() == dst:
         recv_tensor.view(-1).copy_(out)
 
 
+@_members_only
 def gather_inplace(tensor: torch.Tensor, count: int, dst: int, comm: Any = None) -> None:
     """:func:`gather` of ``count`` elements per rank; on ``dst`` ``tensor``
     holds ``nranks * count`` elements (its own block at its rank), elsewhere
@@ -406,17 +420,15 @@ def gather_inplace(tensor: torch.Tensor, count: int, dst: int, comm: Any = None)
       dst (int): The receiver's rank in the communicator.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     flat = tensor.view(-1)
-    mine = flat[dst * count:(dst + 1) * count] if c.rank() == dst else flat[:count]
-    out = torch.empty(count * c.nranks(), dtype=tensor.dtype)
-    allgather(mine.clone(), out, c)
-    if c.rank() == dst:
+    mine = flat[dst * count:(dst + 1) * count] if comm.rank() == dst else flat[:count]
+    out = torch.empty(count * comm.nranks(), dtype=tensor.dtype)
+    allgather(mine.clone(), out, comm)
+    if comm.rank() == dst:
         flat.copy_(out)
 
 
+@_members_only
 def scatter(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, src: int,
             comm: Any = None) -> None:
     """Sends block r of rank ``src``'s ``send_tensor`` to rank r's ``recv_tensor``.
@@ -427,16 +439,14 @@ def scatter(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, src: int,
       src (int): The root's rank in the communicator.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     n = recv_tensor.numel()
-    full = (send_tensor.detach().contiguous().view(-1).clone() if c.rank() == src
-            else torch.empty(n * c.nranks(), dtype=recv_tensor.dtype))
-    broadcast(full, src, c)
-    recv_tensor.view(-1).copy_(full[c.rank() * n:(c.rank() + 1) * n])
+    full = (send_tensor.detach().contiguous().view(-1).clone() if comm.rank() == src
+            else torch.empty(n * comm.nranks(), dtype=recv_tensor.dtype))
+    broadcast(full, src, comm)
+    recv_tensor.view(-1).copy_(full[comm.rank() * n:(comm.rank() + 1) * n])
 
 
+@_members_only
 def scatter_inplace(tensor: torch.Tensor, count: int, src: int, comm: Any = None) -> None:
     """:func:`scatter` of ``count`` elements per rank within ``tensor``.
 
@@ -447,17 +457,15 @@ def scatter_inplace(tensor: torch.Tensor, count: int, src: int, comm: Any = None
       src (int): The root's rank in the communicator.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     flat = tensor.view(-1)
-    full = (flat.clone() if c.rank() == src
-            else torch.empty(count * c.nranks(), dtype=tensor.dtype))
-    broadcast(full, src, c)
-    if c.rank() != src:
-        flat[:count].copy_(full[c.rank() * count:(c.rank() + 1) * count])
+    full = (flat.clone() if comm.rank() == src
+            else torch.empty(count * comm.nranks(), dtype=tensor.dtype))
+    broadcast(full, src, comm)
+    if comm.rank() != src:
+        flat[:count].copy_(full[comm.rank() * count:(comm.rank() + 1) * count])
 
 
+@_members_only
 def reduce_scatter(send_tensor: torch.Tensor, recv_tensor: torch.Tensor,
                    op: ReduceOp = ReduceOp.SUM, comm: Any = None) -> None:
     """Reduces block r of every rank's ``send_tensor`` into rank r's
@@ -469,16 +477,14 @@ def reduce_scatter(send_tensor: torch.Tensor, recv_tensor: torch.Tensor,
       op (ReduceOp): Default: ``SUM``.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     name = check(send_tensor, "reduce_scatter send tensor")
     check(recv_tensor, "reduce_scatter recv tensor")
-    c._core.reduce_scatter(send_tensor.data_ptr(), send_tensor.nbytes, recv_tensor.data_ptr(),
-                           recv_tensor.nbytes, name, _op_name(op, send_tensor.dtype))
-    _finish(op, recv_tensor, c.nranks())
+    engine.reduce_scatter(comm._core, send_tensor, recv_tensor, _op_name(op, send_tensor.dtype),
+                          name)
+    _finish(op, recv_tensor, comm.nranks())
 
 
+@_members_only
 def reduce_scatter_inplace(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                            comm: Any = None) -> None:
     """:func:`reduce_scatter` whose result lands in this rank's block of
@@ -489,16 +495,14 @@ def reduce_scatter_inplace(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
       op (ReduceOp): Default: ``SUM``.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
     check(tensor, "reduce_scatter tensor")
-    b = _block(tensor, c.nranks(), "reduce_scatter tensor")
+    b = _block(tensor, comm.nranks(), "reduce_scatter tensor")
     out = torch.empty(b, dtype=tensor.dtype)
-    reduce_scatter(tensor.clone(), out, op, c)
-    tensor.view(-1)[c.rank() * b:(c.rank() + 1) * b].copy_(out)
+    reduce_scatter(tensor.clone(), out, op, comm)
+    tensor.view(-1)[comm.rank() * b:(comm.rank() + 1) * b].copy_(out)
 
 
+@_members_only
 def alltoall(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, comm: Any = None) -> None:
     """Sends block j of ``send_tensor`` to rank j, receiving block i of
     ``recv_tensor`` from rank i (equal blocks).
@@ -508,16 +512,14 @@ def alltoall(send_tensor: torch.Tensor, recv_tensor: torch.Tensor, comm: Any = N
       recv_tensor (torch.Tensor): ``nranks`` blocks.
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
-    n = c.nranks()
+    n = comm.nranks()
     b = _block(send_tensor, n, "alltoall send tensor")
     _same_size(send_tensor, recv_tensor, "alltoall")
     alltoall_v(send_tensor, [b] * n, [i * b for i in range(n)],
-               recv_tensor, [b] * n, [i * b for i in range(n)], c)
+               recv_tensor, [b] * n, [i * b for i in range(n)], comm)
 
 
+@_members_only
 def alltoall_inplace(tensor: torch.Tensor, comm: Any = None) -> None:
     """:func:`alltoall` with ``tensor`` as input and output.
 
@@ -525,8 +527,6 @@ def alltoall_inplace(tensor: torch.Tensor, comm: Any = None) -> None:
       tensor (torch.Tensor): ``nranks`` blocks.
       comm (Communicator, optional): Default: the default group's.
     """
-    if _resolve(comm) is None:
-        return
     alltoall(tensor.clone(), tensor, comm)
 
 
@@ -541,6 +541,7 @@ def _displacements(displs: list[int], n: int, what: str) -> list[int]:
     return list(displs[:n])
 
 
+@_members_only
 def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: list[int],
                recv_tensor: torch.Tensor, recv_counts: list[int], recv_displs: list[int],
                comm: Any = None) -> None:
@@ -564,12 +565,9 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: l
     Example:
       >>> bagua.alltoall_v(send, [2, 2], [0, 2, 4], recv, [2, 2], [0, 2, 4])
     """
-    c = _resolve(comm)
-    if c is None:
-        return
-    name = check(send_tensor, "alltoall_v send tensor")
+    check(send_tensor, "alltoall_v send tensor")
     check(recv_tensor, "alltoall_v recv tensor")
-    n = c.nranks()
+    n = comm.nranks()
     for what, v in (("send_counts", send_counts), ("recv_counts", recv_counts)):
         if len(v) != n:
             raise ValueError(f"rank {get_rank()}: {what} needs {n} entries, got {len(v)}")
@@ -586,8 +584,7 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: l
     src = send_tensor.view(-1)
     packed_in = torch.cat([src[d:d + k] for d, k in zip(send_displs, send_counts)]) if n else src
     packed_out = torch.empty(sum(recv_counts), dtype=recv_tensor.dtype)
-    c._core.all_to_all_v(packed_in.data_ptr(), packed_in.nbytes, list(send_counts),
-                         packed_out.data_ptr(), packed_out.nbytes, list(recv_counts), name)
+    engine.all_to_all_v(comm._core, packed_in, list(send_counts), packed_out, list(recv_counts))
     dst = recv_tensor.view(-1)
     at = 0
     for d, k in zip(recv_displs, recv_counts):
@@ -595,6 +592,7 @@ def alltoall_v(send_tensor: torch.Tensor, send_counts: list[int], send_displs: l
         at += k
 
 
+@_members_only
 def alltoall_v_inplace(tensor: torch.Tensor, counts: list[int], displs: list[int],
                        comm: Any = None) -> None:
     """:func:`alltoall_v` with ``tensor`` as input and output.
@@ -606,19 +604,15 @@ def alltoall_v_inplace(tensor: torch.Tensor, counts: list[int], displs: list[int
         entries, as in :func:`alltoall_v`).
       comm (Communicator, optional): Default: the default group's.
     """
-    if _resolve(comm) is None:
-        return
     alltoall_v(tensor.clone(), counts, displs, tensor, counts, displs, comm)
 
 
+@_members_only
 def barrier(comm: Any = None) -> None:
     """Blocks until every rank of the communicator reached it.
 
     Args:
       comm (Communicator, optional): Default: the default group's.
     """
-    c = _resolve(comm)
-    if c is None:
-        return
-    c.barrier()
+    comm.barrier()
 

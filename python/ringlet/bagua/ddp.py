@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from ..core import groups
-from ..core.engine import DTYPE_NAMES
+from ..core import engine, groups
 from .tensor import get_module, new_communicator
 
 __all__ = ["DistributedDataParallel"]
@@ -207,7 +206,7 @@ class DistributedDataParallel(torch.nn.Module):
         filled, self._filled = self._filled, {}
         if self._find_unused:
             flags = torch.tensor(used, dtype=torch.uint8)
-            groups.world_comm().all_reduce(flags.data_ptr(), flags.numel(), "uint8", "max")
+            engine.all_reduce(groups.world_comm(), flags, "max")
             for (n, p), anywhere in zip(self._params.items(), flags.tolist()):
                 if not anywhere:  # no rank produced a gradient: restore it
                     p.grad = filled.get(n)
@@ -220,6 +219,5 @@ def _broadcast(comm: Any, tensors: list[torch.Tensor]) -> None:
             if t.numel() == 0:
                 continue
             host = t.detach().to("cpu", copy=True).contiguous()
-            comm.broadcast(host.data_ptr(), host.numel() * host.element_size(),
-                           DTYPE_NAMES[t.dtype], 0)
+            engine.broadcast(comm, host, 0)
             t.copy_(host)

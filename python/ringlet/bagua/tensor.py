@@ -39,7 +39,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from .. import _core
-from ..core import connection
+from ..core import connection, engine
 from ..core import groups as core_groups
 from ..core.engine import DTYPE_NAMES
 from ..errors import TensorRegistrationError, TensorStateError
@@ -104,7 +104,7 @@ class BackendTensor:
 
     def data_ptr(self) -> int:
         """Returns the data pointer of the effective tensor now (Bagua's
-        ``bagua_backend_tensor().data_ptr()``).
+        pointer of ``bagua_backend_tensor()``).
 
         Returns:
           int: The address, 0 when the getter returns ``None``.
@@ -113,7 +113,7 @@ class BackendTensor:
         if proxy is None:
             proxy = _module_of(self.module_name, self.name)._proxies[self.name]
         eff = _get(proxy)
-        return 0 if eff is None else int(eff.data_ptr())
+        return 0 if eff is None else engine.ptr(eff)
 
     def registration(self) -> tuple[int, str, str]:
         """Returns ``(numel, dtype_name, device)`` recorded by the engine.
@@ -173,10 +173,10 @@ class TensorModule:
             )
         mirror = self._mirrors.get(name)
         if mirror is None or not eff.is_cuda or mirror.numel() != eff.nbytes:
-            return (eff.data_ptr(), eff.numel(), _dtype_name(eff, name), str(eff.device), eff,
+            return (engine.ptr(eff), eff.numel(), _dtype_name(eff, name), str(eff.device), eff,
                     0, None)
-        return (eff.data_ptr(), eff.numel(), _dtype_name(eff, name), str(eff.device), eff,
-                mirror.data_ptr(), mirror)
+        return (engine.ptr(eff), eff.numel(), _dtype_name(eff, name), str(eff.device), eff,
+                engine.ptr(mirror), mirror)
 
     def _make_mirrors(self) -> dict[str, torch.Tensor]:
         """One page-locked host buffer per bucket of CUDA tensors, a slice of it
@@ -316,7 +316,8 @@ class TensorModule:
 
         Example:
           >>> flat = m.flatten_buckets(alignment=ringlet.world_size())
-          >>> p.grad.data_ptr() == flat[0].data_ptr()
+          >>> from ringlet.core.engine import ptr
+          >>> ptr(p.grad) == ptr(flat[0])
           True
         """
         if alignment < 1:
@@ -661,7 +662,8 @@ def to_ringlet_tensor(
       torch.Tensor: The new ringlet tensor.
 
     Example:
-      >>> t = x.to_ringlet_tensor("x"); t.data_ptr() == x.data_ptr(), x.is_ringlet_tensor()
+      >>> from ringlet.core.engine import ptr
+      >>> t = x.to_ringlet_tensor("x"); ptr(t) == ptr(x), x.is_ringlet_tensor()
       (True, False)
     """
     new = self.detach()

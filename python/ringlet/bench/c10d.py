@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 import ringlet  # registers the backend
 from ringlet.bench.busy import neighbours
+from ringlet.core import engine
 
 # torch 2.13 renamed these (the old names warn on every call).
 _AG = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
@@ -109,7 +110,7 @@ def overhead(reps: int = 10000) -> dict[str, float]:
     x = torch.ones(1024)
     dist.all_reduce(x)
     comm = python_group()._world()
-    ptr, nbytes = x.data_ptr(), x.nbytes
+    ptr, nbytes = engine.span(x)
     eng, api = [], []
     for _ in range(50):
         eng.append(_block(lambda: comm.all_reduce(ptr, nbytes, "float32", "sum"), reps // 50, None))
@@ -217,7 +218,7 @@ def _door_calls(x: torch.Tensor, python_pg: Any, floor_pg: Any, native: bool,
 
         comm = python_group(group)._world()
         dt = str(x.dtype).removeprefix("torch.")
-        ptr, nbytes = x.data_ptr(), x.nbytes
+        ptr, nbytes = engine.span(x)
         calls["group engine"] = lambda: comm.all_reduce(ptr, nbytes, dt, "sum")
     if floor_pg is not None:
         calls["torch floor"] = lambda: dist.all_reduce(x, group=floor_pg)

@@ -379,10 +379,10 @@ def dtype_name(t: torch.Tensor) -> str:
         raise TypeError(f"ringlet's engine does not carry {t.dtype} tensors") from None
 
 
-def ptr(t: torch.Tensor) -> int:
-    """The address of ``t``'s first element (for the engine, and to tell
-    tensors' memory apart)."""
-    return t.data_ptr()
+#: ``ptr(t)``: the address of tensor ``t``'s first element, for the engine and
+#: to tell tensors' memory apart (``torch.Tensor.data_ptr`` itself, so a hot
+#: path pays no call of ours for it).
+ptr: Callable[[torch.Tensor], int] = torch.Tensor.data_ptr
 
 
 def storage_ptr(t: torch.Tensor) -> int:

@@ -31,6 +31,7 @@ from ..core.engine import (
     disjoint,
     overlaps,
     plain_dtype,
+    ptr,
 )
 from ._pg_args import _OPS, _RED, _as_list, _is_async, _opts, _reduce_name, _split_into, _write_back
 from .work import _DONE, Work, _DistErrors, _torch_errors, runtime_rank
@@ -143,7 +144,7 @@ class _Collectives:
                 red = "sum" if op == _SUM else _SIMPLE.get(op.op)
                 if red is not None and (red in _ANY_DTYPE or not t.is_floating_point()):
                     try:
-                        if self._queue.all_reduce_now(comm, t.data_ptr(), t.nbytes, name, red):
+                        if self._queue.all_reduce_now(comm, ptr(t), t.nbytes, name, red):
                             return _DONE
                     except BaseException as e:
                         raise _DistErrors.convert(e) from None
@@ -286,7 +287,7 @@ class _Collectives:
             name = plain_dtype(t)
             comm = self._sync_comm(opts, t.nbytes) if name is not None else None
             if comm is not None and self._run_now(
-                    comm.broadcast, t.data_ptr(), t.nbytes, name, root):
+                    comm.broadcast, ptr(t), t.nbytes, name, root):
                 return _DONE
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
         # Several tensors are torch's multi-device form (as gloo): the root's
@@ -450,8 +451,8 @@ class _Collectives:
             comm = self._sync_comm(opts, nb * self._size)
             if (comm is not None and output.nbytes == nb * self._size
                     and disjoint(input, output)
-                    and self._run_now(comm.all_gather, input.data_ptr(), nb,
-                                      output.data_ptr(), output.nbytes, name)):
+                    and self._run_now(comm.all_gather, ptr(input), nb,
+                                      ptr(output), output.nbytes, name)):
                 return _DONE
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
@@ -553,8 +554,8 @@ class _Collectives:
             nb = input.nbytes
             if (red is not None and (red in _ANY_DTYPE or not input.is_floating_point())
                     and output.nbytes * self._size == nb and disjoint(input, output)
-                    and self._run_now(comm.reduce_scatter, input.data_ptr(), nb,
-                                      output.data_ptr(), output.nbytes, name, red)):
+                    and self._run_now(comm.reduce_scatter, ptr(input), nb,
+                                      ptr(output), output.nbytes, name, red)):
                 return _DONE
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _core, errors
+from ..core import engine
 from ..core.engine import DTYPE_NAMES, check
 from ._pg_args import _as_list
 from .work import Work, _DistErrors, _torch_errors
@@ -59,9 +60,8 @@ class _PointToPoint:
 
         def run() -> None:
             try:
-                self._pair(self._rank, dst, slot).send(
-                    data.data_ptr(), data.nbytes, check(data, "send tensor"), 1, tag
-                )
+                engine.send(self._pair(self._rank, dst, slot), data, 1, tag,
+                            check(data, "send tensor"))
             except BaseException as e:
                 slot[1] = _DistErrors.convert(e)
                 raise
@@ -113,7 +113,7 @@ class _PointToPoint:
                 self._receive_aside(pair, slot, mtag, count, dtype)
             if dtype == name and count < flat.numel():
                 flat = flat[:count]  # a shorter message fills the front, as in gloo and MPI
-            pair.recv(flat.data_ptr(), flat.nbytes, name, 0, tag)
+            engine.recv(pair, flat, 0, tag, name)
             back()
 
         return run
@@ -123,7 +123,7 @@ class _PointToPoint:
         """Receives the waiting message (``tag``, ``count`` x ``dtype``) into a
         buffer of its own, kept for the receive that names its tag."""
         aside = torch.empty(count, dtype=_DTYPE_BY_NAME[dtype])
-        pair.recv(aside.data_ptr(), aside.nbytes, dtype, 0, tag)
+        engine.recv(pair, aside, 0, tag, dtype)
         slot[3].setdefault(tag, []).append(aside)
 
     @_torch_errors

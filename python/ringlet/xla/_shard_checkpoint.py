@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.mapping import ShardedTensor, ShardedTensorFactory
+from ..core.engine import ptr
 from ._shard_layout import Box, local_slices
 
 __all__ = ["checkpoint_mapping", "grid_intervals", "grid_pieces"]
@@ -79,7 +80,7 @@ def checkpoint_mapping(key: str, region: torch.Tensor, box: Box, global_shape: t
         for i, sub in enumerate(pieces):
             dst = region[local_slices(sub, box)]
             src = loaded[str(i)]
-            if src.data_ptr() != dst.data_ptr() or src.stride() != dst.stride():
+            if ptr(src) != ptr(dst) or src.stride() != dst.stride():
                 dst.copy_(src)
         return region
 

@@ -38,8 +38,8 @@ from ..core.engine import (
     check_int,
     check_reduce_type,
     error_rank,
-    nbytes,
     overlaps,
+    storage_ptr,
     traced,
     world_all_gather,
     world_all_reduce,
@@ -199,7 +199,7 @@ def _output_for(output: Any, value: torch.Tensor, shape: list[int], what: str) -
     (not one sharing memory with ``value``, which is still to be read)."""
     if (isinstance(output, torch.Tensor) and list(output.shape) != shape
             and output.dtype == value.dtype and output.layout == torch.strided
-            and output.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()):
+            and storage_ptr(output) != storage_ptr(value)):
         output.resize_(shape)
     output = as_tensor(output, "output", write=True)
     check(output, "output")
@@ -551,7 +551,7 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list
     n = comm.size
     size = torch.tensor([len(payload)], dtype=torch.int64)
     sizes = torch.empty(n, dtype=torch.int64)
-    comm.all_gather(size.data_ptr(), 8, sizes.data_ptr(), 8 * n, "int64")
+    engine.all_gather(comm, size, sizes, "int64")
     longest = int(sizes.max())
     if longest == 0:
         return [b"" for _ in range(n)]
@@ -559,7 +559,7 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list
     if payload:
         data[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     everything = torch.empty(n * longest, dtype=torch.uint8)
-    comm.all_gather(data.data_ptr(), longest, everything.data_ptr(), n * longest, "uint8")
+    engine.all_gather(comm, data, everything, "uint8")
     raw = everything.numpy().tobytes()
     return [raw[i * longest : i * longest + int(sizes[i])] for i in range(n)]
 
@@ -1204,7 +1204,7 @@ def send(value: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     name = check(value, "value")
     dst, tag = _check_peer(dst, "destination rank"), _check_tag(tag)
     comm, peer = core_groups.pair_comm(dst)
-    comm.send(value.data_ptr(), nbytes(value), name, peer, tag)
+    engine.send(comm, value, peer, tag, name)
     return value
 
 
@@ -1228,7 +1228,7 @@ def recv(output: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
     name = check(output, "output")
     src, tag = _check_peer(src, "source rank"), _check_tag(tag)
     comm, peer = core_groups.pair_comm(src)
-    comm.recv(output.data_ptr(), nbytes(output), name, peer, tag)
+    engine.recv(comm, output, peer, tag, name)
     return output
 
 
@@ -1823,7 +1823,7 @@ def check_view_sharing(obj: Any) -> None:
         storage = t.untyped_storage()
         if storage.nbytes() == 0:
             continue
-        key = storage.data_ptr()
+        key = storage_ptr(t)
         other = owners.get(key)
         if other is not None:
             raise RuntimeError(

@@ -45,6 +45,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ....core.engine import storage_ptr
+
 __all__ = ["fuse_optimizer", "fuse_step", "is_fused_optimizer"]
 
 _log = logging.getLogger(__name__)
@@ -193,7 +195,7 @@ def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.device == b.device
         and a.is_contiguous()
         and b.is_contiguous()
-        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and storage_ptr(a) == storage_ptr(b)
         and b.storage_offset() == a.storage_offset() + a.numel()
     )
 
@@ -256,7 +258,7 @@ def _runs(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[
     adjacent parameters, in memory order."""
     order = sorted(
         (i for i, p in enumerate(params) if p.grad is not None),
-        key=lambda i: (params[i].untyped_storage().data_ptr(), params[i].storage_offset()),
+        key=lambda i: (storage_ptr(params[i]), params[i].storage_offset()),
     )
     runs: list[list[int]] = []
     current: list[int] = []
