@@ -16,62 +16,19 @@ Example:
     4.0
 """
 
+from . import mapping, serialization
 from .core import CheckpointingException
 from .integration import sharded_state_dict, sharded_tensor_mapping
-from .mapping import (
-    CommonStateDict,
-    FactoryBuildFn,
-    FactoryMergeFn,
-    LocalNonpersistentObject,
-    ReplicaId,
-    ShardedBase,
-    ShardedObject,
-    ShardedStateDict,
-    ShardedTensor,
-    ShardedTensorFactory,
-    StateDict,
-    apply_factories,
-    apply_factory_merges,
-    is_main_replica,
-)
-from .serialization import (
-    CkptShardedMetadata,
-    check_is_distributed_checkpoint,
-    load,
-    load_common_state_dict,
-    load_content_metadata,
-    load_sharded_metadata,
-    load_tensors_metadata,
-    save,
-)
+from .mapping import *  # noqa: F403 (its __all__: the mapping classes)
+from .serialization import *  # noqa: F403 (its __all__: save, load and the metadata readers)
 from .validation import StrictHandling, parse_strict_flag
 
 __all__ = [
     "CheckpointingException",
-    "CkptShardedMetadata",
-    "CommonStateDict",
-    "FactoryBuildFn",
-    "FactoryMergeFn",
-    "LocalNonpersistentObject",
-    "ReplicaId",
-    "ShardedBase",
-    "ShardedObject",
-    "ShardedStateDict",
-    "ShardedTensor",
-    "ShardedTensorFactory",
-    "StateDict",
     "StrictHandling",
-    "apply_factories",
-    "apply_factory_merges",
-    "check_is_distributed_checkpoint",
-    "is_main_replica",
-    "load",
-    "load_common_state_dict",
-    "load_content_metadata",
-    "load_sharded_metadata",
-    "load_tensors_metadata",
     "parse_strict_flag",
-    "save",
     "sharded_state_dict",
     "sharded_tensor_mapping",
+    *mapping.__all__,
+    *serialization.__all__,
 ]
