@@ -555,12 +555,11 @@ def _wait_all_workers(timeout: float = 0) -> None:
 # ----------------------------------------------------------------- calling
 
 
-def _invoke(to: Any, func: Callable[..., Any], args: Any, kwargs: Any, timeout: float) -> Future:
+def _call(func: Callable[..., Any], args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """The request that runs ``func(*args, **kwargs)`` on the callee."""
     if not callable(func):
         raise TypeError(f"function should be callable, got {type(func).__name__}")
-    w = _worker(to)
-    return _send(w, ("call", func, tuple(args or ()), dict(kwargs or {})), timeout,
-                 torch_exc=True)
+    return ("call", func, tuple(args or ()), dict(kwargs or {}))
 
 
 def rpc_async(
@@ -594,7 +593,8 @@ def rpc_async(
         >>> fut1.wait() + fut2.wait()
         tensor([5., 5.])
     """
-    return _invoke(to, func, args, kwargs, timeout)
+    call = _call(func, args, kwargs)
+    return _send(_worker(to), call, timeout, torch_exc=True)
 
 
 def rpc_sync(
@@ -622,10 +622,8 @@ def rpc_sync(
         >>> rpc.rpc_sync("worker1", torch.add, args=(torch.ones(2), 3))
         tensor([4., 4.])
     """
-    if not callable(func):
-        raise TypeError(f"function should be callable, got {type(func).__name__}")
-    return _send_sync(_worker(to), ("call", func, tuple(args or ()), dict(kwargs or {})), timeout,
-                      torch_exc=True)
+    call = _call(func, args, kwargs)
+    return _send_sync(_worker(to), call, timeout, torch_exc=True)
 
 
 def remote(
@@ -656,10 +654,8 @@ def remote(
         >>> rref1.to_here() + rref2.to_here()
         tensor([6., 6.])
     """
-    if not callable(func):
-        raise TypeError(f"function should be callable, got {type(func).__name__}")
-    return RRef._remote(_worker(to), ("call", func, tuple(args or ()), dict(kwargs or {})),
-                        timeout)
+    call = _call(func, args, kwargs)
+    return RRef._remote(_worker(to), call, timeout)
 
 
 def _send_raw(to: Union[str, int, WorkerInfo], payload: bytes, timeout: float = -1.0) -> Future:
