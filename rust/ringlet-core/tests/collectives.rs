@@ -2,88 +2,18 @@
 //! and reduce op, element counts 0, 1, odd and uneven, checked against a
 //! reference computed rank by rank with the reduction kernels.
 
-use ringlet_core::reduce::reduce_into;
+mod common;
+
+use common::{aligned, modes, view};
 use ringlet_core::testing::{local_group, run_ranks};
 use ringlet_core::{Config, DType, Error, ReduceOp, ALL_DTYPES, ALL_OPS};
 use std::time::Duration;
-
-fn modes() -> Vec<(&'static str, Config)> {
-    let base = Config {
-        timeout: Duration::from_secs(20),
-        slot_bytes: 64 << 10, // small slots: many pipeline pieces
-        small_bytes: 1 << 10,
-        cma_threshold: 8 << 10,
-        ..Config::default()
-    };
-    vec![
-        ("shm+cma", base.clone()),
-        (
-            "shm",
-            Config {
-                cma: false,
-                ..base.clone()
-            },
-        ),
-        (
-            "tcp",
-            Config {
-                force_tcp: true,
-                ..base
-            },
-        ),
-    ]
-}
-
-/// Deterministic small values (exact in every dtype, products stay small).
-fn data(dtype: DType, rank: usize, count: usize, salt: usize) -> Vec<u8> {
-    let v = |i: usize| ((rank * 31 + i * 17 + salt) % 7) as i64 - 3;
-    let mut out = Vec::with_capacity(count * dtype.size());
-    for i in 0..count {
-        let x = v(i);
-        match dtype {
-            DType::F32 => out.extend((x as f32).to_le_bytes()),
-            DType::F64 => out.extend((x as f64).to_le_bytes()),
-            DType::F16 => out.extend(half::f16::from_f64(x as f64).to_le_bytes()),
-            DType::BF16 => out.extend(half::bf16::from_f64(x as f64).to_le_bytes()),
-            DType::I8 => out.push(x as i8 as u8),
-            DType::U8 => out.push((x + 3) as u8),
-            DType::I16 => out.extend((x as i16).to_le_bytes()),
-            DType::I32 => out.extend((x as i32).to_le_bytes()),
-            DType::I64 => out.extend(x.to_le_bytes()),
-            DType::Bool => out.push((x & 1) as u8),
-        }
-    }
-    out
-}
-
-/// Byte buffers in Vec<u64> storage so they are aligned for every dtype.
-fn aligned(bytes: &[u8]) -> Vec<u64> {
-    let mut v = vec![0u64; bytes.len().div_ceil(8)];
-    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
-    v
-}
-
-fn view(v: &mut [u64], len: usize) -> &mut [u8] {
-    &mut bytemuck::cast_slice_mut::<u64, u8>(v)[..len]
-}
-
-fn reference(dtype: DType, op: ReduceOp, inputs: &[Vec<u8>]) -> Vec<u8> {
-    let srcs: Vec<Vec<u64>> = inputs.iter().map(|b| aligned(b)).collect();
-    let len = inputs[0].len();
-    let views: Vec<&[u8]> = srcs
-        .iter()
-        .map(|s| &bytemuck::cast_slice::<u64, u8>(s)[..len])
-        .collect();
-    let mut out = vec![0u64; len.div_ceil(8)];
-    reduce_into(dtype, op, view(&mut out, len), &views).unwrap();
-    bytemuck::cast_slice::<u64, u8>(&out)[..len].to_vec()
-}
 
 const COUNTS: [usize; 5] = [0, 1, 7, 1001, 70_001];
 
 #[test]
 fn all_reduce_every_mode_size_dtype_op() {
-    for (name, cfg) in modes() {
+    for (name, cfg) in modes(64 << 10) {
         for size in 1..=4 {
             let mut comms = local_group(size, &cfg).unwrap();
             let expect_transport = if size == 1 { "local" } else { name };
@@ -94,21 +24,9 @@ fn all_reduce_every_mode_size_dtype_op() {
                         continue;
                     }
                     for count in COUNTS {
-                        let inputs: Vec<Vec<u8>> =
-                            (0..size).map(|r| data(dtype, r, count, 0)).collect();
-                        let want = reference(dtype, op, &inputs);
-                        let got = run_ranks(&mut comms, |r, c| {
-                            let mut b = aligned(&inputs[r]);
-                            c.all_reduce(view(&mut b, inputs[r].len()), dtype, op)
-                                .unwrap();
-                            view(&mut b, inputs[r].len()).to_vec()
-                        });
-                        for (r, g) in got.iter().enumerate() {
-                            assert!(
-                                *g == want,
-                                "{name} size={size} {dtype:?} {op:?} count={count} rank={r}"
-                            );
-                        }
+                        let what = format!("{name} size={size}");
+                        let (inputs, want) =
+                            common::check_all_reduce(&mut comms, dtype, op, count, 0, &what);
                         // the out-of-place form: same result, input untouched
                         let got = run_ranks(&mut comms, |r, c| {
                             let mut b = aligned(&inputs[r]);
@@ -119,12 +37,11 @@ fn all_reduce_every_mode_size_dtype_op() {
                             assert!(*view(&mut b, n) == inputs[r][..], "input changed");
                             view(&mut o, n).to_vec()
                         });
-                        for (r, g) in got.iter().enumerate() {
-                            assert!(
-                                *g == want,
-                                "into: {name} size={size} {dtype:?} {op:?} count={count} rank={r}"
-                            );
-                        }
+                        common::assert_ranks(
+                            &got,
+                            |_| &want[..],
+                            &format!("into: {name} size={size} {dtype:?} {op:?} count={count}"),
+                        );
                     }
                 }
             }
@@ -134,61 +51,19 @@ fn all_reduce_every_mode_size_dtype_op() {
 
 #[test]
 fn all_gather_reduce_scatter_broadcast() {
-    for (name, cfg) in modes() {
+    for (name, cfg) in modes(64 << 10) {
         for size in 1..=4 {
             let mut comms = local_group(size, &cfg).unwrap();
             for dtype in [DType::F32, DType::BF16, DType::I64, DType::Bool, DType::U8] {
                 for count in COUNTS {
-                    let n = count * dtype.size();
-                    // all_gather
-                    let inputs: Vec<Vec<u8>> =
-                        (0..size).map(|r| data(dtype, r, count, 1)).collect();
-                    let want: Vec<u8> = inputs.concat();
-                    let got = run_ranks(&mut comms, |r, c| {
-                        let input = aligned(&inputs[r]);
-                        let mut out = vec![0u64; (n * size).div_ceil(8)];
-                        let inp = &bytemuck::cast_slice::<u64, u8>(&input)[..n];
-                        c.all_gather(inp, view(&mut out, n * size), dtype).unwrap();
-                        view(&mut out, n * size).to_vec()
-                    });
-                    for g in &got {
-                        assert!(
-                            *g == want,
-                            "all_gather {name} size={size} {dtype:?} count={count}"
-                        );
-                    }
+                    let what = format!("{name} size={size}");
+                    common::check_all_gather(&mut comms, dtype, count, &what);
                     // reduce_scatter (sum, and max)
                     for op in [ReduceOp::Sum, ReduceOp::Max] {
-                        let inputs: Vec<Vec<u8>> =
-                            (0..size).map(|r| data(dtype, r, count * size, 2)).collect();
-                        let full = reference(dtype, op, &inputs);
-                        let got = run_ranks(&mut comms, |r, c| {
-                            let input = aligned(&inputs[r]);
-                            let mut out = vec![0u64; n.div_ceil(8)];
-                            let inp = &bytemuck::cast_slice::<u64, u8>(&input)[..n * size];
-                            c.reduce_scatter(inp, view(&mut out, n), dtype, op).unwrap();
-                            view(&mut out, n).to_vec()
-                        });
-                        for (r, g) in got.iter().enumerate() {
-                            assert!(*g == full[r * n..(r + 1) * n], "reduce_scatter {name} size={size} {dtype:?} {op:?} count={count} rank={r}");
-                        }
+                        common::check_reduce_scatter(&mut comms, dtype, op, count, &what);
                     }
                     // broadcast from the last rank
-                    let root = size - 1;
-                    let inputs: Vec<Vec<u8>> =
-                        (0..size).map(|r| data(dtype, r, count, 3)).collect();
-                    let got = run_ranks(&mut comms, |r, c| {
-                        let mut b = aligned(&inputs[r]);
-                        c.broadcast(view(&mut b, n), dtype, root).unwrap();
-                        c.barrier().unwrap();
-                        view(&mut b, n).to_vec()
-                    });
-                    for g in &got {
-                        assert!(
-                            *g == inputs[root],
-                            "broadcast {name} size={size} {dtype:?} count={count}"
-                        );
-                    }
+                    common::check_broadcast(&mut comms, dtype, count, 3, size - 1, true, &what);
                 }
             }
         }
@@ -271,7 +146,7 @@ fn back_to_back_small_collectives_through_rotating_windows() {
 
 #[test]
 fn mismatched_calls_fail_on_every_rank_and_the_group_stays_usable() {
-    for (name, cfg) in modes() {
+    for (name, cfg) in modes(64 << 10) {
         let mut comms = local_group(3, &cfg).unwrap();
         let got = run_ranks(&mut comms, |r, c| {
             let mut b = vec![0u64; 4];
@@ -303,7 +178,7 @@ fn mismatched_calls_fail_on_every_rank_and_the_group_stays_usable() {
 
 #[test]
 fn a_missing_rank_times_out_naming_it() {
-    for (name, mut cfg) in modes() {
+    for (name, mut cfg) in modes(64 << 10) {
         cfg.timeout = Duration::from_millis(500);
         let mut comms = local_group(3, &cfg).unwrap();
         let got = run_ranks(&mut comms, |r, c| if r == 2 { Ok(()) } else { c.barrier() });
@@ -351,7 +226,7 @@ fn invalid_arguments() {
 #[test]
 fn small_tcp_all_reduce_up_to_16_ranks() {
     // Recursive doubling from 4 ranks: powers of two and the folds around them.
-    let (_, cfg) = modes()
+    let (_, cfg) = modes(64 << 10)
         .into_iter()
         .find(|(name, _)| *name == "tcp")
         .expect("a tcp mode");
@@ -365,20 +240,8 @@ fn small_tcp_all_reduce_up_to_16_ranks() {
             (DType::Bool, ReduceOp::Or),
         ] {
             for count in [0, 1, 7, 1001] {
-                let inputs: Vec<Vec<u8>> = (0..size).map(|r| data(dtype, r, count, 3)).collect();
-                let want = reference(dtype, op, &inputs);
-                let got = run_ranks(&mut comms, |r, c| {
-                    let mut b = aligned(&inputs[r]);
-                    c.all_reduce(view(&mut b, inputs[r].len()), dtype, op)
-                        .unwrap();
-                    view(&mut b, inputs[r].len()).to_vec()
-                });
-                for (r, g) in got.iter().enumerate() {
-                    assert!(
-                        *g == want,
-                        "size={size} {dtype:?} {op:?} count={count} rank={r}"
-                    );
-                }
+                let what = format!("size={size}");
+                common::check_all_reduce(&mut comms, dtype, op, count, 3, &what);
             }
         }
     }

@@ -2,36 +2,11 @@
 //! transport mode: block sizes of zero, one, odd and several slot windows,
 //! checked byte for byte; disagreeing sizes and tags fail on both sides.
 
+mod common;
+
+use common::modes;
 use ringlet_core::testing::{local_group, run_ranks};
 use ringlet_core::{Config, DType, Error};
-use std::time::Duration;
-
-fn modes() -> Vec<(&'static str, Config)> {
-    let base = Config {
-        timeout: Duration::from_secs(20),
-        slot_bytes: 4 << 10, // tiny slots: many windows per send buffer
-        small_bytes: 1 << 10,
-        cma_threshold: 8 << 10,
-        ..Config::default()
-    };
-    vec![
-        ("shm+cma", base.clone()),
-        (
-            "shm",
-            Config {
-                cma: false,
-                ..base.clone()
-            },
-        ),
-        (
-            "tcp",
-            Config {
-                force_tcp: true,
-                ..base
-            },
-        ),
-    ]
-}
 
 /// Elements rank i sends to rank j (zero for some pairs, large for others).
 fn count(i: usize, j: usize, scale: usize) -> usize {
@@ -50,7 +25,7 @@ fn value(i: usize, j: usize, k: usize) -> i32 {
 
 #[test]
 fn all_to_all_v_every_mode_and_size() {
-    for (name, cfg) in modes() {
+    for (name, cfg) in modes(4 << 10) {
         for p in 1..=4 {
             let mut comms = local_group(p, &cfg).unwrap();
             for scale in [1, 3] {
@@ -83,7 +58,7 @@ fn all_to_all_v_every_mode_and_size() {
 
 #[test]
 fn all_to_all_v_disagreeing_sizes_fail_everywhere_and_recover() {
-    for (name, cfg) in modes() {
+    for (name, cfg) in modes(4 << 10) {
         let mut comms = local_group(3, &cfg).unwrap();
         let got = run_ranks(&mut comms, |r, c| {
             // Rank 2 expects 2 elements from rank 0, which sends 1.
@@ -132,7 +107,7 @@ fn all_to_all_v_checks_its_arguments() {
 
 #[test]
 fn send_recv_in_order_with_tags() {
-    for (name, cfg) in modes() {
+    for (name, cfg) in modes(4 << 10) {
         let mut comms = local_group(2, &cfg).unwrap();
         for len in [0usize, 1, 13, 3000, 20_000] {
             let got = run_ranks(&mut comms, |r, c| {
@@ -199,7 +174,7 @@ fn send_recv_needs_a_pair() {
 
 #[test]
 fn pending_message_shows_the_waiting_message_without_taking_it() {
-    for (name, cfg) in modes() {
+    for (name, cfg) in modes(4 << 10) {
         let mut comms = local_group(2, &cfg).unwrap();
         run_ranks(&mut comms, |r, c| {
             if r == 0 {

@@ -3,7 +3,9 @@
 //! three-host layouts, every dtype and reduce op, sizes from empty to
 //! several pipeline pieces, checked bit for bit against a reference.
 
-use ringlet_core::reduce::reduce_into;
+mod common;
+
+use common::{aligned, view};
 use ringlet_core::testing::{host_groups, run_ranks};
 use ringlet_core::{Config, DType, Error, ReduceOp, ALL_DTYPES, ALL_OPS};
 use std::time::Duration;
@@ -39,53 +41,9 @@ fn layouts() -> Vec<Vec<Vec<usize>>> {
     ]
 }
 
-fn data(dtype: DType, rank: usize, count: usize, salt: usize) -> Vec<u8> {
-    let v = |i: usize| ((rank * 31 + i * 17 + salt) % 7) as i64 - 3;
-    let mut out = Vec::with_capacity(count * dtype.size());
-    for i in 0..count {
-        let x = v(i);
-        match dtype {
-            DType::F32 => out.extend((x as f32).to_le_bytes()),
-            DType::F64 => out.extend((x as f64).to_le_bytes()),
-            DType::F16 => out.extend(half::f16::from_f64(x as f64).to_le_bytes()),
-            DType::BF16 => out.extend(half::bf16::from_f64(x as f64).to_le_bytes()),
-            DType::I8 => out.push(x as i8 as u8),
-            DType::U8 => out.push((x + 3) as u8),
-            DType::I16 => out.extend((x as i16).to_le_bytes()),
-            DType::I32 => out.extend((x as i32).to_le_bytes()),
-            DType::I64 => out.extend(x.to_le_bytes()),
-            DType::Bool => out.push((x & 1) as u8),
-        }
-    }
-    out
-}
-
-fn aligned(bytes: &[u8]) -> Vec<u64> {
-    let mut v = vec![0u64; bytes.len().div_ceil(8)];
-    bytemuck::cast_slice_mut::<u64, u8>(&mut v)[..bytes.len()].copy_from_slice(bytes);
-    v
-}
-
-fn view(v: &mut [u64], len: usize) -> &mut [u8] {
-    &mut bytemuck::cast_slice_mut::<u64, u8>(v)[..len]
-}
-
-fn reference(dtype: DType, op: ReduceOp, inputs: &[Vec<u8>]) -> Vec<u8> {
-    let srcs: Vec<Vec<u64>> = inputs.iter().map(|b| aligned(b)).collect();
-    let len = inputs[0].len();
-    let views: Vec<&[u8]> = srcs
-        .iter()
-        .map(|s| &bytemuck::cast_slice::<u64, u8>(s)[..len])
-        .collect();
-    let mut out = vec![0u64; len.div_ceil(8)];
-    reduce_into(dtype, op, view(&mut out, len), &views).unwrap();
-    bytemuck::cast_slice::<u64, u8>(&out)[..len].to_vec()
-}
-
 #[test]
 fn all_reduce_every_layout_dtype_op_and_size() {
     for layout in layouts() {
-        let size: usize = layout.iter().map(Vec::len).sum();
         let mut comms = host_groups(&layout, &cfg()).unwrap();
         for dtype in ALL_DTYPES {
             for op in ALL_OPS {
@@ -98,21 +56,8 @@ fn all_reduce_every_layout_dtype_op_and_size() {
                     &[0, 5, 70_001]
                 };
                 for &count in counts {
-                    let inputs: Vec<Vec<u8>> =
-                        (0..size).map(|r| data(dtype, r, count, 0)).collect();
-                    let want = reference(dtype, op, &inputs);
-                    let got = run_ranks(&mut comms, |r, c| {
-                        let mut b = aligned(&inputs[r]);
-                        c.all_reduce(view(&mut b, inputs[r].len()), dtype, op)
-                            .unwrap();
-                        view(&mut b, inputs[r].len()).to_vec()
-                    });
-                    for (r, g) in got.iter().enumerate() {
-                        assert!(
-                            *g == want,
-                            "{layout:?} {dtype:?} {op:?} count={count} rank={r}"
-                        );
-                    }
+                    let what = format!("{layout:?}");
+                    common::check_all_reduce(&mut comms, dtype, op, count, 0, &what);
                 }
             }
         }
@@ -129,57 +74,16 @@ fn all_gather_reduce_scatter_broadcast_every_layout() {
                 if count > 70_001 && dtype != DType::F32 {
                     continue;
                 }
-                let n = count * dtype.size();
-                let inputs: Vec<Vec<u8>> = (0..size).map(|r| data(dtype, r, count, 1)).collect();
-                let want: Vec<u8> = inputs.concat();
-                let got = run_ranks(&mut comms, |r, c| {
-                    let input = aligned(&inputs[r]);
-                    let mut out = vec![0u64; (n * size).div_ceil(8)];
-                    let inp = &bytemuck::cast_slice::<u64, u8>(&input)[..n];
-                    c.all_gather(inp, view(&mut out, n * size), dtype).unwrap();
-                    view(&mut out, n * size).to_vec()
-                });
-                for (r, g) in got.iter().enumerate() {
-                    assert!(
-                        *g == want,
-                        "all_gather {layout:?} {dtype:?} count={count} rank={r}"
-                    );
-                }
+                let what = format!("{layout:?}");
+                common::check_all_gather(&mut comms, dtype, count, &what);
                 for op in [ReduceOp::Sum, ReduceOp::Max] {
                     if dtype == DType::Bool && op == ReduceOp::Sum {
                         continue;
                     }
-                    let inputs: Vec<Vec<u8>> =
-                        (0..size).map(|r| data(dtype, r, count * size, 2)).collect();
-                    let full = reference(dtype, op, &inputs);
-                    let got = run_ranks(&mut comms, |r, c| {
-                        let input = aligned(&inputs[r]);
-                        let mut out = vec![0u64; n.div_ceil(8)];
-                        let inp = &bytemuck::cast_slice::<u64, u8>(&input)[..n * size];
-                        c.reduce_scatter(inp, view(&mut out, n), dtype, op).unwrap();
-                        view(&mut out, n).to_vec()
-                    });
-                    for (r, g) in got.iter().enumerate() {
-                        assert!(
-                            *g == full[r * n..(r + 1) * n],
-                            "reduce_scatter {layout:?} {dtype:?} {op:?} count={count} rank={r}"
-                        );
-                    }
+                    common::check_reduce_scatter(&mut comms, dtype, op, count, &what);
                 }
                 for root in [0, size - 1, size / 2] {
-                    let inputs: Vec<Vec<u8>> =
-                        (0..size).map(|r| data(dtype, r, count, 3 + root)).collect();
-                    let got = run_ranks(&mut comms, |r, c| {
-                        let mut b = aligned(&inputs[r]);
-                        c.broadcast(view(&mut b, n), dtype, root).unwrap();
-                        view(&mut b, n).to_vec()
-                    });
-                    for (r, g) in got.iter().enumerate() {
-                        assert!(
-                            *g == inputs[root],
-                            "broadcast {layout:?} {dtype:?} count={count} root={root} rank={r}"
-                        );
-                    }
+                    common::check_broadcast(&mut comms, dtype, count, 3 + root, root, false, &what);
                 }
             }
         }
