@@ -26,7 +26,7 @@
 
 use crate::buf::{self, RawBuf};
 use crate::dtype::{DType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 use crate::group::{Communicator, SharedCommunicator};
 use crate::progress::Progress;
 use std::ffi::{c_char, c_void, CString};
@@ -181,16 +181,7 @@ fn reduce_op(code: u32) -> Result<ReduceOp> {
 unsafe fn guard(err: *mut *mut CError, f: impl FnOnce() -> Result<()>) -> i32 {
     let out = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(Error::InvalidArgument(format!(
-                "ringlet internal error: {what}"
-            )))
-        }
+        Err(panic) => Err(Error::InvalidArgument(panic_message(&*panic))),
     };
     match out {
         Ok(()) => RINGLET_OK,

@@ -287,6 +287,18 @@ impl Error {
     }
 }
 
+/// The message of a panic caught where the engine hands control back to
+/// foreign code (the C ABI, the Python binding): `ringlet internal error:`
+/// and the panic's text.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("ringlet internal error: {what}")
+}
+
 fn on(group: &str) -> String {
     if group.is_empty() {
         String::new()

@@ -42,6 +42,12 @@ fn ringlet_exception(py: Python<'_>, class: &str, msg: String, f: Fields) -> PyE
 pub fn to_pyerr(err: Error) -> PyErr {
     Python::with_gil(|py| {
         let msg = err.to_string();
+        // A timeout or a lost peer: the culprit and what happened to it.
+        let origin = err.origin(usize::MAX);
+        let class = match err {
+            Error::Timeout { .. } => "CollectiveTimeoutError",
+            _ => "PeerLostError",
+        };
         match err {
             Error::InvalidArgument(_) => PyValueError::new_err(msg),
             Error::Mismatch { rank, .. } => ringlet_exception(
@@ -55,40 +61,25 @@ pub fn to_pyerr(err: Error) -> PyErr {
             ),
             Error::Timeout {
                 rank,
-                peer,
                 op,
                 group,
                 via,
                 ..
-            } => ringlet_exception(
-                py,
-                "CollectiveTimeoutError",
-                msg,
-                Fields {
-                    rank: Some(rank),
-                    culprit: Some(peer),
-                    cause: Some(Cause::TimedOut.name()),
-                    op: Some(op),
-                    group: Some(group),
-                    via,
-                },
-            ),
-            Error::PeerLost {
+            }
+            | Error::PeerLost {
                 rank,
-                peer,
                 op,
-                cause,
                 group,
                 via,
                 ..
             } => ringlet_exception(
                 py,
-                "PeerLostError",
+                class,
                 msg,
                 Fields {
                     rank: Some(rank),
-                    culprit: Some(peer),
-                    cause: Some(cause.name()),
+                    culprit: origin.map(|o| o.0),
+                    cause: origin.map(|o| o.1.name()),
                     op: Some(op),
                     group: Some(group),
                     via,

@@ -55,16 +55,7 @@ pub(crate) fn run<T: Send>(
             Some(raised) => Err(raised),
             None => Err(errors::to_pyerr(e)),
         },
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            Err(PyRuntimeError::new_err(format!(
-                "ringlet internal error: {what}"
-            )))
-        }
+        Err(panic) => Err(PyRuntimeError::new_err(core::error::panic_message(&*panic))),
     }
 }
 

@@ -67,6 +67,29 @@ fn bufs(tensors: &[(usize, usize)]) -> PyResult<Vec<RawBuf>> {
     tensors.iter().map(|&(p, n)| raw_buf(p, n)).collect()
 }
 
+/// Runs `f` over the bytes of `tensors` (`(address, length)` pairs) with
+/// the GIL released. The caller keeps every tensor alive and unmodified
+/// until the peer has copied it (a `keep` object handed on with them holds
+/// them past this call).
+fn with_slices<T: Send>(
+    py: Python<'_>,
+    tensors: &[(usize, usize)],
+    f: impl FnOnce(&[&[u8]]) -> ringlet_core::Result<T> + Send,
+) -> PyResult<T> {
+    let bufs = bufs(tensors)?;
+    run(py, move || {
+        // SAFETY: the caller keeps every tensor alive and unmodified (see
+        // above).
+        let slices: Vec<&[u8]> = bufs.iter().map(|b| unsafe { b.slice() }).collect();
+        f(&slices)
+    })
+}
+
+/// A call's deadline: `timeout_s <= 0` means none.
+fn deadline(timeout_s: f64) -> Option<Duration> {
+    (timeout_s > 0.0).then(|| Duration::from_secs_f64(timeout_s))
+}
+
 /// One worker's RPC agent.
 #[pyclass(module = "ringlet._core", frozen)]
 pub struct RpcAgent {
@@ -130,14 +153,10 @@ impl RpcAgent {
         timeout_s: f64,
         keep: Py<PyAny>,
     ) -> PyResult<u64> {
-        let bufs = bufs(&tensors)?;
-        let timeout = (timeout_s > 0.0).then(|| Duration::from_secs_f64(timeout_s));
-        run(py, move || {
-            // SAFETY: the caller keeps every tensor alive and unmodified until
-            // the call completes (`keep` holds them past the copy).
-            let slices: Vec<&[u8]> = bufs.iter().map(|b| unsafe { b.slice() }).collect();
+        let timeout = deadline(timeout_s);
+        with_slices(py, &tensors, move |slices| {
             self.inner
-                .call(to, payload, &slices, timeout, Box::new(keep))
+                .call(to, payload, slices, timeout, Box::new(keep))
         })
     }
 
@@ -152,14 +171,10 @@ impl RpcAgent {
         timeout_s: f64,
         keep: Py<PyAny>,
     ) -> PyResult<RpcMessage> {
-        let bufs = bufs(&tensors)?;
-        let timeout = (timeout_s > 0.0).then(|| Duration::from_secs_f64(timeout_s));
-        let msg = run(py, move || {
-            // SAFETY: the caller keeps every tensor alive and unmodified
-            // until this returns (`keep` holds them past the copy).
-            let slices: Vec<&[u8]> = bufs.iter().map(|b| unsafe { b.slice() }).collect();
+        let timeout = deadline(timeout_s);
+        let msg = with_slices(py, &tensors, move |slices| {
             self.inner
-                .call_wait(to, payload, &slices, timeout, Box::new(keep))
+                .call_wait(to, payload, slices, timeout, Box::new(keep))
         })?;
         Ok(RpcMessage::new(msg))
     }
@@ -175,14 +190,10 @@ impl RpcAgent {
         tensors: Vec<(usize, usize)>,
         keep: Py<PyAny>,
     ) -> PyResult<()> {
-        let bufs = bufs(&tensors)?;
         let to = reply.inner.clone();
-        run(py, move || {
-            // SAFETY: as in `call`: `keep` holds the tensors until the peer
-            // acknowledges its copy.
-            let slices: Vec<&[u8]> = bufs.iter().map(|b| unsafe { b.slice() }).collect();
+        with_slices(py, &tensors, move |slices| {
             self.inner
-                .respond(&to, status, payload, &slices, Box::new(keep))
+                .respond(&to, status, payload, slices, Box::new(keep))
         })
     }
 

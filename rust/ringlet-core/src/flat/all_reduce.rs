@@ -403,47 +403,37 @@ impl Ring {
         dst: &mut [u8],
         base: Option<&[u8]>,
     ) -> Result<()> {
-        let chunk = self.chunk;
+        let (dtype, op, chunk) = (self.dtype, self.op, self.chunk);
+        let esz = dtype.size();
+        let tmp = self.tmp.bytes();
+        // Chunk by chunk, each reduced as it arrives.
         for k in 0..out.len().max(dst.len()).div_ceil(chunk) {
             let piece = |len: usize| (k * chunk).min(len)..((k + 1) * chunk).min(len);
             let (sp, rp) = (piece(out.len()), piece(dst.len()));
             let base = base.map(|b| &b[rp.clone()]);
-            self.chunk_step(mesh, cfg, &out[sp], &mut dst[rp], base)?;
-        }
-        Ok(())
-    }
-
-    fn chunk_step(
-        &mut self,
-        mesh: &TcpMesh,
-        cfg: &Config,
-        out: &[u8],
-        dst: &mut [u8],
-        base: Option<&[u8]>,
-    ) -> Result<()> {
-        let (dtype, op, len) = (self.dtype, self.op, dst.len());
-        let esz = dtype.size();
-        let tmp = self.tmp.bytes();
-        let mut reduced = 0;
-        mesh.transfer_with(
-            &mut [
-                Xfer::send(self.next, out),
-                Xfer::recv(self.prev, &mut tmp[..len]),
-            ],
-            self.what,
-            cfg.timeout,
-            |x| {
-                let got = x[1].received();
-                let upto = got.len() - got.len() % esz;
-                if upto - reduced >= OVERLAP_BATCH || upto == len {
-                    reduce_chunk(dtype, op, &mut dst[reduced..upto], base, got, reduced)?;
-                    reduced = upto;
-                }
-                Ok(())
-            },
-        )?;
-        if reduced < len {
-            reduce_chunk(dtype, op, &mut dst[reduced..], base, &tmp[..len], reduced)?;
+            let (out, dst) = (&out[sp], &mut dst[rp]);
+            let len = dst.len();
+            let mut reduced = 0;
+            mesh.transfer_with(
+                &mut [
+                    Xfer::send(self.next, out),
+                    Xfer::recv(self.prev, &mut tmp[..len]),
+                ],
+                self.what,
+                cfg.timeout,
+                |x| {
+                    let got = x[1].received();
+                    let upto = got.len() - got.len() % esz;
+                    if upto - reduced >= OVERLAP_BATCH || upto == len {
+                        reduce_chunk(dtype, op, &mut dst[reduced..upto], base, got, reduced)?;
+                        reduced = upto;
+                    }
+                    Ok(())
+                },
+            )?;
+            if reduced < len {
+                reduce_chunk(dtype, op, &mut dst[reduced..], base, &tmp[..len], reduced)?;
+            }
         }
         Ok(())
     }

@@ -112,6 +112,18 @@ fn shm_reduce_scatter(
     Ok(())
 }
 
+/// Ring reduce-scatter that leaves `input` untouched; rank r ends with block
+/// r reduced in `output` (below, r is a ring position, see the body). At step s rank r sends block r-s-1 to the next rank
+/// (its own input block at step 0, afterwards the partial sum it built in the
+/// step before) and builds the partial sum of block r-s-2 from its input
+/// block and what the previous rank sent. The last step's partial sum is
+/// block r, complete, written straight into `output`. Two block-sized
+/// accumulators take turns, so the input is never copied as a whole. Steps
+/// move in chunks through a cache-resident scratch, reducing what has arrived
+/// while the rest is in flight.
+///
+/// float16 and bfloat16 travel and accumulate as float32 (rounded once at
+/// the end).
 fn tcp_reduce_scatter(
     mesh: &TcpMesh,
     cfg: &Config,
@@ -127,7 +139,7 @@ fn tcp_reduce_scatter(
         let mut wide_in = vec![0f32; input.len() / dtype.size()];
         reduce::widen_half(dtype, input, &mut wide_in)?;
         let mut wide_out = vec![0f32; output.len() / dtype.size()];
-        ring_reduce_scatter_from(
+        tcp_reduce_scatter(
             mesh,
             cfg,
             bytemuck::cast_slice(&wide_in),
@@ -137,26 +149,6 @@ fn tcp_reduce_scatter(
         )?;
         return reduce::narrow_half(dtype, &wide_out, output);
     }
-    ring_reduce_scatter_from(mesh, cfg, input, output, dtype, op)
-}
-
-/// Ring reduce-scatter that leaves `input` untouched; rank r ends with block
-/// r reduced in `output` (below, r is a ring position, see the body). At step s rank r sends block r-s-1 to the next rank
-/// (its own input block at step 0, afterwards the partial sum it built in the
-/// step before) and builds the partial sum of block r-s-2 from its input
-/// block and what the previous rank sent. The last step's partial sum is
-/// block r, complete, written straight into `output`. Two block-sized
-/// accumulators take turns, so the input is never copied as a whole. Steps
-/// move in chunks through a cache-resident scratch, reducing what has arrived
-/// while the rest is in flight.
-fn ring_reduce_scatter_from(
-    mesh: &TcpMesh,
-    cfg: &Config,
-    input: &[u8],
-    output: &mut [u8],
-    dtype: DType,
-    op: ReduceOp,
-) -> Result<()> {
     // Around the ring of `RingOrder`: positions stand in for ranks, and the
     // block of position j is that of rank_at(j), so position r (this rank)
     // ends with its own block.

@@ -83,6 +83,17 @@ pub struct Effective {
 }
 
 impl Effective {
+    fn new(memory: Memory, count: usize, dtype: DType, device: String) -> Effective {
+        Effective {
+            memory,
+            count,
+            dtype,
+            device,
+            mirror: None,
+            _owner: None,
+        }
+    }
+
     /// An effective tensor in host memory.
     ///
     /// # Safety
@@ -97,13 +108,10 @@ impl Effective {
         device: impl Into<String>,
         owner: Option<Box<dyn Any + Send>>,
     ) -> Effective {
+        let host = Effective::new(Memory::Host(addr), count, dtype, device.into());
         Effective {
-            memory: Memory::Host(addr),
-            count,
-            dtype,
-            device: device.into(),
-            mirror: None,
             _owner: owner,
+            ..host
         }
     }
 
@@ -114,14 +122,7 @@ impl Effective {
         dtype: DType,
         device: impl Into<String>,
     ) -> Effective {
-        Effective {
-            memory: Memory::Device(mem),
-            count,
-            dtype,
-            device: device.into(),
-            mirror: None,
-            _owner: None,
-        }
+        Effective::new(Memory::Device(mem), count, dtype, device.into())
     }
 
     /// An effective tensor in device memory with a host *mirror*: memory of

@@ -166,36 +166,32 @@ fn through(
     stage: &mut [u8],
     f: impl FnOnce(&mut [u8]) -> Result<()>,
 ) -> Result<()> {
-    let mut at = 0;
-    for e in effs {
-        let n = e.nbytes();
-        match &e.memory {
-            Memory::Host(a) => {
-                if n > 0 {
-                    // SAFETY: host memory of `n` bytes vouched for by the
-                    // resolver and kept alive by `effs`.
-                    let src = unsafe { std::slice::from_raw_parts(*a as *const u8, n) };
-                    stage[at..at + n].copy_from_slice(src);
-                }
-            }
-            Memory::Device(d) => d.download(&mut stage[at..at + n])?,
-        }
-        at += n;
-    }
+    copy_all(effs, stage, true)?;
     f(stage)?;
+    copy_all(effs, stage, false)
+}
+
+/// Copies each tensor of `effs` into its place in `stage` (`down`), or
+/// back from it.
+fn copy_all(effs: &[Effective], stage: &mut [u8], down: bool) -> Result<()> {
     let mut at = 0;
     for e in effs {
         let n = e.nbytes();
+        let part = &mut stage[at..at + n];
         match &e.memory {
-            Memory::Host(a) => {
-                if n > 0 {
-                    // SAFETY: as above; the worker is the only user of the
-                    // tensor while the bucket operation runs.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(*a as *mut u8, n) };
-                    dst.copy_from_slice(&stage[at..at + n]);
-                }
+            Memory::Host(_) if n == 0 => {}
+            // SAFETY: host memory of `n` bytes vouched for by the resolver
+            // and kept alive by `effs`; the worker is the only user of the
+            // tensor while the bucket operation runs.
+            Memory::Host(a) if down => {
+                part.copy_from_slice(unsafe { std::slice::from_raw_parts(*a as *const u8, n) })
             }
-            Memory::Device(d) => d.upload(&stage[at..at + n])?,
+            // SAFETY: as above.
+            Memory::Host(a) => {
+                unsafe { std::slice::from_raw_parts_mut(*a as *mut u8, n) }.copy_from_slice(part)
+            }
+            Memory::Device(d) if down => d.download(part)?,
+            Memory::Device(d) => d.upload(part)?,
         }
         at += n;
     }

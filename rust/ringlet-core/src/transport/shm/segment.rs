@@ -92,16 +92,8 @@ impl Segment {
     /// open through /proc.
     pub fn create(nranks: usize, slot_bytes: usize) -> Result<(Segment, OwnedFd)> {
         let slot_bytes = round_up(slot_bytes.max(2 * PAGE), 2 * PAGE);
-        let (slots_off, total) = layout(nranks, slot_bytes);
-        let fd = sys::memfd(total)?;
-        let map = Mapping::new(&fd, total)?;
-        map.prefault();
-        let seg = Segment {
-            map,
-            nranks,
-            slot_bytes,
-            slots_off,
-        };
+        let fd = sys::memfd(layout(nranks, slot_bytes).1)?;
+        let seg = Segment::map(&fd, nranks, slot_bytes)?;
         let h = seg.header();
         h.nranks
             .store(nranks as u64, std::sync::atomic::Ordering::SeqCst);
@@ -113,18 +105,7 @@ impl Segment {
 
     /// Maps the leader's segment (peer side) and checks its header.
     pub fn open(pid: u32, fd: i32, nranks: usize, slot_bytes: usize) -> Result<Segment> {
-        let (slots_off, total) = layout(nranks, slot_bytes);
-        let file = sys::open_peer_fd(pid, fd)?;
-        let map = Mapping::new(&file, total)?;
-        // Every rank maps every page before the first operation (no rank
-        // writes slot data until all ranks have finished setting up).
-        map.prefault();
-        let seg = Segment {
-            map,
-            nranks,
-            slot_bytes,
-            slots_off,
-        };
+        let seg = Segment::map(&sys::open_peer_fd(pid, fd)?, nranks, slot_bytes)?;
         let h = seg.header();
         let ord = std::sync::atomic::Ordering::SeqCst;
         if h.magic.load(ord) != MAGIC
@@ -136,6 +117,21 @@ impl Segment {
             ));
         }
         Ok(seg)
+    }
+
+    /// Maps the segment behind `fd`, every page faulted in: every rank
+    /// maps every page before the first operation (no rank writes slot data
+    /// until all ranks have finished setting up).
+    fn map(fd: &OwnedFd, nranks: usize, slot_bytes: usize) -> Result<Segment> {
+        let (slots_off, total) = layout(nranks, slot_bytes);
+        let map = Mapping::new(fd, total)?;
+        map.prefault();
+        Ok(Segment {
+            map,
+            nranks,
+            slot_bytes,
+            slots_off,
+        })
     }
 
     /// Size of each rank's slot in bytes.
