@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .. import _core
-from ..core import engine
+from ..core import engine, groups
 from ..core.engine import DTYPE_NAMES
 from . import process_group
 from .process_group import BaguaProcessGroup
@@ -75,8 +75,6 @@ def _default_group() -> BaguaProcessGroup:
     """The default process group; made over every rank on first use when
     ringlet was initialised without Bagua's ``init_process_group``."""
     if not process_group.is_initialized():
-        from ..core import groups
-
         groups.require_state()
         with process_group._lock:
             if process_group._default_pg is None:
