@@ -10,21 +10,32 @@ use crate::transport::tcp::listen;
 /// Connects `size` communicators on loopback (shared memory unless
 /// `cfg.force_tcp`) and returns them in rank order.
 pub fn local_group(size: usize, cfg: &Config) -> Result<Vec<Communicator>> {
-    let listeners = (0..size)
+    let hosts = vec!["test-host".to_string(); size];
+    let token = 0x5eed_u64 ^ std::process::id() as u64;
+    connect_all(&hosts, token, |_| cfg.clone())
+}
+
+/// Connects one communicator per rank on loopback listeners, rank r on host
+/// `hosts[r]` with `cfg(r)`, one thread per rank; returns them in rank order.
+fn connect_all(
+    hosts: &[String],
+    token: u64,
+    cfg: impl Fn(usize) -> Config,
+) -> Result<Vec<Communicator>> {
+    let listeners = hosts
+        .iter()
         .map(|_| listen("127.0.0.1:0"))
         .collect::<Result<Vec<_>>>()?;
     let addrs: Vec<String> = listeners
         .iter()
         .map(|l| l.local_addr().map(|a| a.to_string()).unwrap_or_default())
         .collect();
-    let hosts = vec!["test-host".to_string(); size];
-    let token = 0x5eed_u64 ^ std::process::id() as u64;
     std::thread::scope(|s| {
         let handles: Vec<_> = listeners
             .iter()
             .enumerate()
             .map(|(rank, l)| {
-                let (addrs, hosts, cfg) = (&addrs, &hosts, cfg.clone());
+                let (addrs, cfg) = (&addrs, cfg(rank));
                 s.spawn(move || Communicator::connect(rank, addrs, hosts, l, token, cfg))
             })
             .collect();
@@ -66,40 +77,15 @@ pub fn run_ranks<T: Send>(
 pub fn host_groups(layout: &[Vec<usize>], cfg: &Config) -> Result<Vec<Communicator>> {
     let size: usize = layout.iter().map(Vec::len).sum();
     let host_of = |r: usize| layout.iter().position(|g| g.contains(&r)).unwrap_or(0);
-    let listeners = (0..size)
-        .map(|_| listen("127.0.0.1:0"))
-        .collect::<Result<Vec<_>>>()?;
-    let addrs: Vec<String> = listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.to_string()).unwrap_or_default())
-        .collect();
     let hosts: Vec<String> = (0..size).map(|r| format!("host{}", host_of(r))).collect();
     let token = 0x4e57_u64 ^ std::process::id() as u64;
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let domain =
         move |r: usize| (call << 32) | ((std::process::id() as u64) << 12) | r as u64 | 1 << 63;
-    let mut world: Vec<Communicator> = std::thread::scope(|s| {
-        let handles: Vec<_> = listeners
-            .iter()
-            .enumerate()
-            .map(|(rank, l)| {
-                let cfg = Config {
-                    domain: domain(rank),
-                    ..cfg.clone()
-                };
-                let (addrs, hosts) = (&addrs, &hosts);
-                s.spawn(move || Communicator::connect(rank, addrs, hosts, l, token, cfg))
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(crate::Error::InvalidArgument("rank thread panicked".into()))
-                })
-            })
-            .collect::<Result<Vec<_>>>()
+    let mut world = connect_all(&hosts, token, |rank| Config {
+        domain: domain(rank),
+        ..cfg.clone()
     })?;
     let mut locals: Vec<Option<Communicator>> = (0..size).map(|_| None).collect();
     for (h, ranks) in layout.iter().enumerate() {
@@ -108,36 +94,10 @@ pub fn host_groups(layout: &[Vec<usize>], cfg: &Config) -> Result<Vec<Communicat
             name: format!("host {h}"),
             ..cfg.clone()
         };
-        let ls = ranks
-            .iter()
-            .map(|_| listen("127.0.0.1:0"))
-            .collect::<Result<Vec<_>>>()?;
-        let addrs: Vec<String> = ls
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.to_string()).unwrap_or_default())
-            .collect();
         let same = vec![format!("host{h}"); ranks.len()];
-        let comms = std::thread::scope(|s| {
-            let handles: Vec<_> = ls
-                .iter()
-                .enumerate()
-                .map(|(i, l)| {
-                    let cfg = Config {
-                        domain: domain(ranks[i]),
-                        ..cfg.clone()
-                    };
-                    let (addrs, same) = (&addrs, &same);
-                    s.spawn(move || Communicator::connect(i, addrs, same, l, token ^ 1, cfg))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(crate::Error::InvalidArgument("rank thread panicked".into()))
-                    })
-                })
-                .collect::<Result<Vec<_>>>()
+        let comms = connect_all(&same, token ^ 1, |i| Config {
+            domain: domain(ranks[i]),
+            ..cfg.clone()
         })?;
         for (c, &r) in comms.into_iter().zip(ranks) {
             locals[r] = Some(c);
