@@ -14,6 +14,10 @@
   the job's ranks, flat or in Bagua's two levels (exact within a host, the
   expensive part across hosts), shared by the ByteGrad DDP hook, Bagua's
   algorithms and DiLoCo.
+* :mod:`.hook_worker`: the thread and futures behind torch DDP
+  communication hooks, shared by Bagua's all-reduce hook
+  (``ringlet.bagua.comm_hooks``) and the ByteGrad hook
+  (``ringlet.distributed.hooks``).
 
 The old paths ``ringlet.runtime`` and ``ringlet._engine`` are
 :mod:`.groups` and :mod:`.engine`, deprecated.
