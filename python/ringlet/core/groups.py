@@ -319,6 +319,15 @@ def require_state() -> WorldState:
     return state
 
 
+def _state_or_solo() -> Optional[WorldState]:
+    """The world's state, or None before :func:`init` (after :func:`_solo`'s
+    check): what the rank queries answer from."""
+    state = _state
+    if state is None:
+        _solo()
+    return state
+
+
 def _solo() -> None:
     """Before :func:`init`, the rank queries answer for a world of one, which
     is true only without a launcher: under one (``WORLD_SIZE`` > 1) they
@@ -340,11 +349,8 @@ def get_ordinal() -> int:
       >>> ringlet.get_ordinal()
       0
     """
-    state = _state
-    if state is None:
-        _solo()
-        return 0
-    return state.rank
+    state = _state_or_solo()
+    return 0 if state is None else state.rank
 
 
 def world_size() -> int:
@@ -359,11 +365,8 @@ def world_size() -> int:
       >>> ringlet.world_size()
       2
     """
-    state = _state
-    if state is None:
-        _solo()
-        return 1
-    return state.world_size
+    state = _state_or_solo()
+    return 1 if state is None else state.world_size
 
 
 def host_layout() -> list[list[int]]:
@@ -373,11 +376,8 @@ def host_layout() -> list[list[int]]:
       A list with one list of ranks per host, e.g. ``[[0, 1], [2, 3]]``;
       ``[[0]]`` before :func:`init`.
     """
-    state = _state
-    if state is None:
-        _solo()
-        return [[0]]
-    return ranks_by_host(state.hosts)
+    state = _state_or_solo()
+    return [[0]] if state is None else ranks_by_host(state.hosts)
 
 
 def get_local_ordinal() -> int:
@@ -387,18 +387,18 @@ def get_local_ordinal() -> int:
       >>> ringlet.get_local_ordinal()
       0
     """
-    if _state is None:
-        _solo()
+    state = _state_or_solo()
+    if state is None:
         return 0
-    return next(g.index(_state.rank) for g in host_layout() if _state.rank in g)
+    return next(g.index(state.rank) for g in host_layout() if state.rank in g)
 
 
 def local_world_size() -> int:
     """Returns the number of processes on this host."""
-    if _state is None:
-        _solo()
+    state = _state_or_solo()
+    if state is None:
         return 1
-    return next(len(g) for g in host_layout() if _state.rank in g)
+    return next(len(g) for g in host_layout() if state.rank in g)
 
 
 def transport() -> str:
