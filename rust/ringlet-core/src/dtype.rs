@@ -2,63 +2,31 @@
 
 use crate::error::{Error, Result};
 
-/// Element type of a communicated buffer (names follow `torch.dtype`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum DType {
-    F32 = 0,
-    F64 = 1,
-    F16 = 2,
-    BF16 = 3,
-    I8 = 4,
-    U8 = 5,
-    I16 = 6,
-    I32 = 7,
-    I64 = 8,
-    Bool = 9,
+coded_enum! {
+    /// Element type of a communicated buffer (names follow `torch.dtype`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum DType: u32 {
+        F32 = 0 => "float32", 4;
+        F64 = 1 => "float64", 8;
+        F16 = 2 => "float16", 2;
+        BF16 = 3 => "bfloat16", 2;
+        I8 = 4 => "int8", 1;
+        U8 = 5 => "uint8", 1;
+        I16 = 6 => "int16", 2;
+        I32 = 7 => "int32", 4;
+        I64 = 8 => "int64", 8;
+        Bool = 9 => "bool", 1;
+    }
+    /// The torch name of the dtype (`"float32"`, `"bfloat16"`, ...).
+    fn name;
+    /// Bytes per element.
+    fn size -> usize;
 }
 
 /// Every dtype, in code order.
-pub const ALL_DTYPES: [DType; 10] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::BF16,
-    DType::I8,
-    DType::U8,
-    DType::I16,
-    DType::I32,
-    DType::I64,
-    DType::Bool,
-];
+pub const ALL_DTYPES: [DType; 10] = DType::ALL;
 
 impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F64 | DType::I64 => 8,
-            DType::F32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 | DType::I16 => 2,
-            DType::I8 | DType::U8 | DType::Bool => 1,
-        }
-    }
-
-    /// The torch name of the dtype (`"float32"`, `"bfloat16"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "float32",
-            DType::F64 => "float64",
-            DType::F16 => "float16",
-            DType::BF16 => "bfloat16",
-            DType::I8 => "int8",
-            DType::U8 => "uint8",
-            DType::I16 => "int16",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-            DType::Bool => "bool",
-        }
-    }
-
     /// Parses a torch dtype name.
     pub fn from_name(name: &str) -> Result<Self> {
         ALL_DTYPES
@@ -68,57 +36,34 @@ impl DType {
             .ok_or_else(|| Error::InvalidArgument(format!("unsupported dtype '{name}'")))
     }
 
-    /// Inverse of `self as u32`.
-    pub fn from_code(code: u32) -> Option<Self> {
-        ALL_DTYPES.get(code as usize).copied()
-    }
-
     /// True for float32/64, float16 and bfloat16.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
     }
 }
 
-/// A reduction applied element-wise across ranks (names follow xla_model's
-/// `REDUCE_*` constants).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum ReduceOp {
-    Sum = 0,
-    Mul = 1,
-    Min = 2,
-    Max = 3,
-    And = 4,
-    Or = 5,
-    Xor = 6,
+coded_enum! {
+    /// A reduction applied element-wise across ranks (names follow xla_model's
+    /// `REDUCE_*` constants).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum ReduceOp: u32 {
+        Sum = 0 => "sum",
+        Mul = 1 => "mul",
+        Min = 2 => "min",
+        Max = 3 => "max",
+        And = 4 => "and",
+        Or = 5 => "or",
+        Xor = 6 => "xor",
+    }
+    /// The xla_model name (`"sum"`, `"mul"`, `"min"`, `"max"`, `"and"`, `"or"`),
+    /// plus `"xor"` (torch.distributed's `BXOR`).
+    fn name;
 }
 
 /// Every reduce op, in code order.
-pub const ALL_OPS: [ReduceOp; 7] = [
-    ReduceOp::Sum,
-    ReduceOp::Mul,
-    ReduceOp::Min,
-    ReduceOp::Max,
-    ReduceOp::And,
-    ReduceOp::Or,
-    ReduceOp::Xor,
-];
+pub const ALL_OPS: [ReduceOp; 7] = ReduceOp::ALL;
 
 impl ReduceOp {
-    /// The xla_model name (`"sum"`, `"mul"`, `"min"`, `"max"`, `"and"`, `"or"`),
-    /// plus `"xor"` (torch.distributed's `BXOR`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Mul => "mul",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-            ReduceOp::And => "and",
-            ReduceOp::Or => "or",
-            ReduceOp::Xor => "xor",
-        }
-    }
-
     /// Parses an xla_model reduce-type name.
     pub fn from_name(name: &str) -> Result<Self> {
         ALL_OPS
@@ -130,11 +75,6 @@ impl ReduceOp {
                     "unknown reduce type '{name}' (expected one of sum, mul, min, max, and, or, xor)"
                 ))
             })
-    }
-
-    /// Inverse of `self as u32`.
-    pub fn from_code(code: u32) -> Option<Self> {
-        ALL_OPS.get(code as usize).copied()
     }
 
     /// Checks that this op is defined for `dtype`: `and`/`or`/`xor` need bool or

@@ -10,67 +10,34 @@
 use std::fmt;
 use std::time::Duration;
 
-/// What happened to the rank a failure started from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u64)]
-pub enum Cause {
-    /// Its process exited or was killed (its connections closed without notice).
-    Exited = 1,
-    /// The network between us and it stopped delivering (retransmissions
-    /// unanswered, host unreachable).
-    Unreachable = 2,
-    /// It did not take its part within the timeout (hung, stopped, or slow).
-    TimedOut = 3,
-    /// Its process called `ringlet.abort()`.
-    Aborted = 4,
-    /// It gave up after an internal error (a failed system call).
-    Failed = 5,
-    /// It shut its communicator down while peers still needed it.
-    Left = 6,
+coded_enum! {
+    /// What happened to the rank a failure started from.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Cause: u64 {
+        /// Its process exited or was killed (its connections closed without notice).
+        Exited = 1 => "exited", "exited or was killed";
+        /// The network between us and it stopped delivering (retransmissions
+        /// unanswered, host unreachable).
+        Unreachable = 2 => "unreachable", "is unreachable over the network";
+        /// It did not take its part within the timeout (hung, stopped, or slow).
+        TimedOut = 3 => "timeout", "did not arrive within the timeout";
+        /// Its process called `ringlet.abort()`.
+        Aborted = 4 => "aborted", "called ringlet.abort()";
+        /// It gave up after an internal error (a failed system call).
+        Failed = 5 => "failed", "failed with an internal error";
+        /// It shut its communicator down while peers still needed it.
+        Left = 6 => "left", "shut its communicator down (left the job) while peers needed it";
+    }
+    /// Short name exposed to Python (`err.cause`).
+    fn name;
+    /// What happened, as the end of "rank k ...".
+    fn describe -> &'static str;
 }
 
 impl Cause {
     /// The code carried in abort notices.
     pub fn code(self) -> u64 {
         self as u64
-    }
-
-    /// Decodes a notice's cause code; `None` for garbage.
-    pub fn from_code(code: u64) -> Option<Cause> {
-        [
-            Cause::Exited,
-            Cause::Unreachable,
-            Cause::TimedOut,
-            Cause::Aborted,
-            Cause::Failed,
-            Cause::Left,
-        ]
-        .into_iter()
-        .find(|c| c.code() == code)
-    }
-
-    /// What happened, as the end of "rank k ...".
-    pub fn describe(self) -> &'static str {
-        match self {
-            Cause::Exited => "exited or was killed",
-            Cause::Unreachable => "is unreachable over the network",
-            Cause::TimedOut => "did not arrive within the timeout",
-            Cause::Aborted => "called ringlet.abort()",
-            Cause::Failed => "failed with an internal error",
-            Cause::Left => "shut its communicator down (left the job) while peers needed it",
-        }
-    }
-
-    /// Short name exposed to Python (`err.cause`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Cause::Exited => "exited",
-            Cause::Unreachable => "unreachable",
-            Cause::TimedOut => "timeout",
-            Cause::Aborted => "aborted",
-            Cause::Failed => "failed",
-            Cause::Left => "left",
-        }
     }
 }
 

@@ -5,6 +5,9 @@
 //! buffers tagged with a [`DType`]. The Python binding (`ringlet-py`) is a thin
 //! layer over this crate.
 
+#[macro_use]
+mod coded;
+
 pub mod algorithms;
 pub mod buf;
 pub mod capi;

@@ -16,46 +16,20 @@ use crate::dtype::{DType, ReduceOp};
 use crate::error::{Cause, Error};
 use std::time::{Duration, Instant};
 
-/// Which collective an operation is; part of the cross-rank agreement check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u64)]
-pub enum OpKind {
-    AllReduce = 1,
-    AllGather = 2,
-    ReduceScatter = 3,
-    Broadcast = 4,
-    Barrier = 5,
-    AllToAll = 6,
-    SendRecv = 7,
-}
-
-impl OpKind {
+coded_enum! {
+    /// Which collective an operation is; part of the cross-rank agreement check.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum OpKind: u64 {
+        AllReduce = 1 => "all_reduce",
+        AllGather = 2 => "all_gather",
+        ReduceScatter = 3 => "reduce_scatter",
+        Broadcast = 4 => "broadcast",
+        Barrier = 5 => "barrier",
+        AllToAll = 6 => "all_to_all",
+        SendRecv = 7 => "send/recv",
+    }
     /// Name used in error messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            OpKind::AllReduce => "all_reduce",
-            OpKind::AllGather => "all_gather",
-            OpKind::ReduceScatter => "reduce_scatter",
-            OpKind::Broadcast => "broadcast",
-            OpKind::Barrier => "barrier",
-            OpKind::AllToAll => "all_to_all",
-            OpKind::SendRecv => "send/recv",
-        }
-    }
-
-    fn from_code(code: u64) -> Option<Self> {
-        [
-            OpKind::AllReduce,
-            OpKind::AllGather,
-            OpKind::ReduceScatter,
-            OpKind::Broadcast,
-            OpKind::Barrier,
-            OpKind::AllToAll,
-            OpKind::SendRecv,
-        ]
-        .into_iter()
-        .find(|k| *k as u64 == code)
-    }
+    fn name;
 }
 
 /// What a rank is about to do. Every rank publishes its descriptor; all must
