@@ -211,166 +211,147 @@ fn limit(timeout_ms: u64) -> Duration {
     Duration::from_millis(timeout_ms.max(1))
 }
 
-/// All-reduces `nbytes` at `buf` in place.
-///
-/// # Safety
-/// `g` is a live handle; `buf` holds `nbytes` bytes the caller keeps alive
-/// and untouched during the call; `err` is null or writable.
-unsafe extern "C" fn all_reduce(
-    g: *const NativeGroup,
-    buf: *mut c_void,
-    nbytes: usize,
-    dtype_code: u32,
-    op_code: u32,
-    timeout_ms: u64,
-    err: *mut *mut CError,
-) -> i32 {
-    let call = || -> Result<()> {
-        // SAFETY: `g` is a live handle per the contract.
-        let g = unsafe { group(g) }?;
-        let (d, o, b) = (
-            dtype(dtype_code)?,
-            reduce_op(op_code)?,
-            RawBuf::new(buf as usize, nbytes)?,
-        );
-        g.run(limit(timeout_ms), "all_reduce", move |c| {
+/// The collective entry points and the table that holds them, from one
+/// description each: its arguments after the group handle, then the job it
+/// runs on the group's communicator, built from them (any argument error is
+/// returned before the job is queued). Each becomes an `extern "C"`
+/// function taking the group handle first and `timeout_ms` and the error
+/// slot last, that checks the handle, runs the job through the group's queue
+/// under the operation's name with panics caught, and writes its error to
+/// the slot; and a field of [`RingletCApi`] of that function's type, in the
+/// order given (after `version` and `size`, before the error and free
+/// functions).
+macro_rules! c_api {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $job:block
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[allow(clippy::too_many_arguments)]
+            unsafe extern "C" fn $name(
+                g: *const NativeGroup,
+                $($arg: $ty,)*
+                timeout_ms: u64,
+                err: *mut *mut CError,
+            ) -> i32 {
+                let call = || -> Result<()> {
+                    // SAFETY: `g` is a live handle per the contract.
+                    let g = unsafe { group(g) }?;
+                    let job = $job;
+                    g.run(limit(timeout_ms), stringify!($name), job)
+                };
+                // SAFETY: `err` is null or writable per this function's contract.
+                unsafe { guard(err, call) }
+            }
+        )*
+
+        /// The functions the C++ Backend calls, in this order (mirrored by the
+        /// `RingletCApi` struct in `python/ringlet/distributed/csrc/ringlet_capi.h`).
+        #[repr(C)]
+        pub struct RingletCApi {
+            /// [`RINGLET_CAPI_VERSION`].
+            pub version: u32,
+            /// `size_of::<RingletCApi>()`, so a reader can check it knows them all.
+            pub size: u32,
+            $(pub $name: unsafe extern "C" fn(
+                *const NativeGroup,
+                $($ty,)*
+                u64,
+                *mut *mut CError,
+            ) -> i32,)*
+            pub error_message: unsafe extern "C" fn(*const CError) -> *const c_char,
+            pub error_free: unsafe extern "C" fn(*mut CError),
+            pub group_free: unsafe extern "C" fn(*mut NativeGroup),
+        }
+
+        /// The table whose address Python hands the C++ Backend.
+        pub static TABLE: RingletCApi = RingletCApi {
+            version: RINGLET_CAPI_VERSION,
+            size: std::mem::size_of::<RingletCApi>() as u32,
+            $($name,)*
+            error_message,
+            error_free,
+            group_free,
+        };
+    };
+}
+
+c_api! {
+    /// All-reduces `nbytes` at `buf` in place.
+    ///
+    /// # Safety
+    /// `g` is a live handle; `buf` holds `nbytes` bytes the caller keeps alive
+    /// and untouched during the call; `err` is null or writable.
+    fn all_reduce(buf: *mut c_void, nbytes: usize, dtype_code: u32, op_code: u32) {
+        let (d, o) = (dtype(dtype_code)?, reduce_op(op_code)?);
+        let b = RawBuf::new(buf as usize, nbytes)?;
+        move |c: &mut Communicator| {
             // SAFETY: the caller keeps the buffer alive and untouched during
             // the call, and `run` returns only after this job ran or was
             // withdrawn.
-            let buf = unsafe { b.slice_mut() };
-            c.all_reduce(buf, d, o)
-        })
-    };
-    // SAFETY: `err` is null or writable per this function's contract.
-    unsafe { guard(err, call) }
-}
+            c.all_reduce(unsafe { b.slice_mut() }, d, o)
+        }
+    }
 
-/// All-gathers `in_len` bytes at `inp` into `out` (`out_len` bytes, rank
-/// blocks in rank order).
-///
-/// # Safety
-/// As [`all_reduce`], for both buffers.
-unsafe extern "C" fn all_gather(
-    g: *const NativeGroup,
-    inp: *const c_void,
-    in_len: usize,
-    out: *mut c_void,
-    out_len: usize,
-    dtype_code: u32,
-    timeout_ms: u64,
-    err: *mut *mut CError,
-) -> i32 {
-    let call = || -> Result<()> {
-        // SAFETY: `g` is a live handle per the contract.
-        let g = unsafe { group(g) }?;
+    /// All-gathers `in_len` bytes at `inp` into `out` (`out_len` bytes, rank
+    /// blocks in rank order).
+    ///
+    /// # Safety
+    /// As [`all_reduce`], for both buffers.
+    fn all_gather(inp: *const c_void, in_len: usize, out: *mut c_void, out_len: usize, dtype_code: u32) {
         let d = dtype(dtype_code)?;
         let (i, o) = in_out(inp, in_len, out, out_len)?;
-        g.run(limit(timeout_ms), "all_gather", move |c| {
-            // SAFETY: as in all_reduce; the buffers do not overlap (checked).
-            let (i, o) = unsafe { (i.slice(), o.slice_mut()) };
-            c.all_gather(i, o, d)
-        })
-    };
-    // SAFETY: `err` is null or writable per this function's contract.
-    unsafe { guard(err, call) }
-}
+        // SAFETY: as in all_reduce; the buffers do not overlap (checked).
+        move |c: &mut Communicator| c.all_gather(unsafe { i.slice() }, unsafe { o.slice_mut() }, d)
+    }
 
-/// Reduce-scatters `inp` (one block per rank) into `out`.
-///
-/// # Safety
-/// As [`all_gather`].
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn reduce_scatter(
-    g: *const NativeGroup,
-    inp: *const c_void,
-    in_len: usize,
-    out: *mut c_void,
-    out_len: usize,
-    dtype_code: u32,
-    op_code: u32,
-    timeout_ms: u64,
-    err: *mut *mut CError,
-) -> i32 {
-    let call = || -> Result<()> {
-        // SAFETY: `g` is a live handle per the contract.
-        let g = unsafe { group(g) }?;
+    /// Reduce-scatters `inp` (one block per rank) into `out`.
+    ///
+    /// # Safety
+    /// As [`all_gather`].
+    fn reduce_scatter(
+        inp: *const c_void, in_len: usize, out: *mut c_void, out_len: usize,
+        dtype_code: u32, op_code: u32,
+    ) {
         let (d, op) = (dtype(dtype_code)?, reduce_op(op_code)?);
         let (i, o) = in_out(inp, in_len, out, out_len)?;
-        g.run(limit(timeout_ms), "reduce_scatter", move |c| {
-            // SAFETY: as in all_gather.
-            let (i, o) = unsafe { (i.slice(), o.slice_mut()) };
-            c.reduce_scatter(i, o, d, op)
-        })
-    };
-    // SAFETY: `err` is null or writable per this function's contract.
-    unsafe { guard(err, call) }
-}
+        // SAFETY: as in all_gather.
+        move |c: &mut Communicator| {
+            c.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, d, op)
+        }
+    }
 
-/// Broadcasts `nbytes` at `buf` from group rank `root`.
-///
-/// # Safety
-/// As [`all_reduce`].
-unsafe extern "C" fn broadcast(
-    g: *const NativeGroup,
-    buf: *mut c_void,
-    nbytes: usize,
-    dtype_code: u32,
-    root: usize,
-    timeout_ms: u64,
-    err: *mut *mut CError,
-) -> i32 {
-    let call = || -> Result<()> {
-        // SAFETY: `g` is a live handle per the contract.
-        let g = unsafe { group(g) }?;
+    /// Broadcasts `nbytes` at `buf` from group rank `root`.
+    ///
+    /// # Safety
+    /// As [`all_reduce`].
+    fn broadcast(buf: *mut c_void, nbytes: usize, dtype_code: u32, root: usize) {
         let (d, b) = (dtype(dtype_code)?, RawBuf::new(buf as usize, nbytes)?);
-        g.run(limit(timeout_ms), "broadcast", move |c| {
-            // SAFETY: as in all_reduce.
-            let buf = unsafe { b.slice_mut() };
-            c.broadcast(buf, d, root)
-        })
-    };
-    // SAFETY: `err` is null or writable per this function's contract.
-    unsafe { guard(err, call) }
-}
+        // SAFETY: as in all_reduce.
+        move |c: &mut Communicator| c.broadcast(unsafe { b.slice_mut() }, d, root)
+    }
 
-/// Waits until every rank of the group has called it.
-///
-/// # Safety
-/// `g` is a live handle; `err` is null or writable.
-unsafe extern "C" fn barrier(g: *const NativeGroup, timeout_ms: u64, err: *mut *mut CError) -> i32 {
-    let call = || -> Result<()> {
-        // SAFETY: `g` is a live handle per the contract.
-        let g = unsafe { group(g) }?;
-        g.run(limit(timeout_ms), "barrier", |c| c.barrier())
-    };
-    // SAFETY: `err` is null or writable per this function's contract.
-    unsafe { guard(err, call) }
-}
+    /// Waits until every rank of the group has called it.
+    ///
+    /// # Safety
+    /// `g` is a live handle; `err` is null or writable.
+    fn barrier() {
+        |c: &mut Communicator| c.barrier()
+    }
 
-/// All-to-all: `send_counts[r]` elements of `inp` (in rank order) go to
-/// rank r, `recv_counts[r]` elements of `out` come from it; `ncounts` is
-/// the group size.
-///
-/// # Safety
-/// As [`all_gather`]; `send_counts` and `recv_counts` hold `ncounts`
-/// numbers each, read during the call only.
-#[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn all_to_all(
-    g: *const NativeGroup,
-    inp: *const c_void,
-    in_len: usize,
-    send_counts: *const usize,
-    out: *mut c_void,
-    out_len: usize,
-    recv_counts: *const usize,
-    ncounts: usize,
-    dtype_code: u32,
-    timeout_ms: u64,
-    err: *mut *mut CError,
-) -> i32 {
-    let call = || -> Result<()> {
-        // SAFETY: `g` is a live handle per the contract.
-        let g = unsafe { group(g) }?;
+    /// All-to-all: `send_counts[r]` elements of `inp` (in rank order) go to
+    /// rank r, `recv_counts[r]` elements of `out` come from it; `ncounts` is
+    /// the group size.
+    ///
+    /// # Safety
+    /// As [`all_gather`]; `send_counts` and `recv_counts` hold `ncounts`
+    /// numbers each, read during the call only.
+    fn all_to_all(
+        inp: *const c_void, in_len: usize, send_counts: *const usize,
+        out: *mut c_void, out_len: usize, recv_counts: *const usize,
+        ncounts: usize, dtype_code: u32,
+    ) {
         let d = dtype(dtype_code)?;
         let (i, o) = in_out(inp, in_len, out, out_len)?;
         if ncounts > 0 && (send_counts.is_null() || recv_counts.is_null()) {
@@ -388,14 +369,11 @@ unsafe extern "C" fn all_to_all(
                 )
             }
         };
-        g.run(limit(timeout_ms), "all_to_all", move |c| {
-            // SAFETY: as in all_gather.
-            let (i, o) = unsafe { (i.slice(), o.slice_mut()) };
-            c.all_to_all_v(i, &sends, o, &recvs, d)
-        })
-    };
-    // SAFETY: `err` is null or writable per this function's contract.
-    unsafe { guard(err, call) }
+        // SAFETY: as in all_gather.
+        move |c: &mut Communicator| {
+            c.all_to_all_v(unsafe { i.slice() }, &sends, unsafe { o.slice_mut() }, &recvs, d)
+        }
+    }
 }
 
 /// The message of an error (valid until it is freed or taken).
@@ -435,87 +413,6 @@ unsafe extern "C" fn group_free(g: *mut NativeGroup) {
         drop(unsafe { Box::from_raw(g) });
     }));
 }
-
-/// The functions the C++ Backend calls, in this order (mirrored by the
-/// `RingletCApi` struct in `python/ringlet/distributed/csrc/ringlet_capi.h`).
-#[repr(C)]
-pub struct RingletCApi {
-    /// [`RINGLET_CAPI_VERSION`].
-    pub version: u32,
-    /// `size_of::<RingletCApi>()`, so a reader can check it knows them all.
-    pub size: u32,
-    pub all_reduce: unsafe extern "C" fn(
-        *const NativeGroup,
-        *mut c_void,
-        usize,
-        u32,
-        u32,
-        u64,
-        *mut *mut CError,
-    ) -> i32,
-    pub all_gather: unsafe extern "C" fn(
-        *const NativeGroup,
-        *const c_void,
-        usize,
-        *mut c_void,
-        usize,
-        u32,
-        u64,
-        *mut *mut CError,
-    ) -> i32,
-    pub reduce_scatter: unsafe extern "C" fn(
-        *const NativeGroup,
-        *const c_void,
-        usize,
-        *mut c_void,
-        usize,
-        u32,
-        u32,
-        u64,
-        *mut *mut CError,
-    ) -> i32,
-    pub broadcast: unsafe extern "C" fn(
-        *const NativeGroup,
-        *mut c_void,
-        usize,
-        u32,
-        usize,
-        u64,
-        *mut *mut CError,
-    ) -> i32,
-    pub barrier: unsafe extern "C" fn(*const NativeGroup, u64, *mut *mut CError) -> i32,
-    pub all_to_all: unsafe extern "C" fn(
-        *const NativeGroup,
-        *const c_void,
-        usize,
-        *const usize,
-        *mut c_void,
-        usize,
-        *const usize,
-        usize,
-        u32,
-        u64,
-        *mut *mut CError,
-    ) -> i32,
-    pub error_message: unsafe extern "C" fn(*const CError) -> *const c_char,
-    pub error_free: unsafe extern "C" fn(*mut CError),
-    pub group_free: unsafe extern "C" fn(*mut NativeGroup),
-}
-
-/// The table whose address Python hands the C++ Backend.
-pub static TABLE: RingletCApi = RingletCApi {
-    version: RINGLET_CAPI_VERSION,
-    size: std::mem::size_of::<RingletCApi>() as u32,
-    all_reduce,
-    all_gather,
-    reduce_scatter,
-    broadcast,
-    barrier,
-    all_to_all,
-    error_message,
-    error_free,
-    group_free,
-};
 
 #[cfg(test)]
 mod tests {
