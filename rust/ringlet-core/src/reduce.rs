@@ -16,6 +16,7 @@ use half::{bf16, f16};
 
 mod half_simd;
 pub use half_simd::selected_kernels;
+use half_simd::Half;
 
 fn cast<T: Pod>(bytes: &[u8]) -> Result<&[T]> {
     if bytes.is_empty() {
@@ -190,53 +191,6 @@ fn float_inplace<T: Float>(op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Resu
         float_slices(op, d, cast::<T>(s)?);
     }
     Ok(())
-}
-
-trait Half: Pod {
-    /// Widens `min(src.len(), dst.len())` elements.
-    fn widen(src: &[Self], dst: &mut [f32]);
-    /// Narrows `min(src.len(), dst.len())` elements, round to nearest even.
-    fn narrow(src: &[f32], dst: &mut [Self]);
-    /// `dst = start op srcs[0] op srcs[1] ...` in float32, rounded once, with
-    /// `start` = `first` when given, else `dst` itself.
-    fn reduce(
-        dst: &mut [Self],
-        first: Option<&[Self]>,
-        srcs: &[&[Self]],
-        op: impl Fn(f32, f32) -> f32 + Copy,
-    );
-}
-impl Half for f16 {
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        half_simd::widen_f16(src, dst)
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        half_simd::narrow_f16(src, dst)
-    }
-    fn reduce(
-        dst: &mut [Self],
-        first: Option<&[Self]>,
-        srcs: &[&[Self]],
-        op: impl Fn(f32, f32) -> f32 + Copy,
-    ) {
-        half_simd::reduce_f16(dst, first, srcs, op)
-    }
-}
-impl Half for bf16 {
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        half_simd::widen_bf16(src, dst)
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        half_simd::narrow_bf16(src, dst)
-    }
-    fn reduce(
-        dst: &mut [Self],
-        first: Option<&[Self]>,
-        srcs: &[&[Self]],
-        op: impl Fn(f32, f32) -> f32 + Copy,
-    ) {
-        half_simd::reduce_bf16(dst, first, srcs, op)
-    }
 }
 
 /// Widens each group of 8 elements of the start (the destination, or `first`
@@ -665,14 +619,14 @@ mod tests {
             from_bits: f16::from_bits,
             widen: f16::to_f32,
             narrow: f16::from_f32,
-            kernels: half_simd::kernels_f16(),
+            kernels: f16::kernels(),
         });
         check_half_against_scalar(Format {
             dtype: DType::BF16,
             from_bits: bf16::from_bits,
             widen: bf16::to_f32,
             narrow: bf16::from_f32,
-            kernels: half_simd::kernels_bf16(),
+            kernels: bf16::kernels(),
         });
     }
 
@@ -775,14 +729,14 @@ mod tests {
             from_bits: f16::from_bits,
             widen: f16::to_f32,
             narrow: f16::from_f32,
-            kernels: half_simd::kernels_f16(),
+            kernels: f16::kernels(),
         });
         check_half_into_matches_copy_then_inplace(Format {
             dtype: DType::BF16,
             from_bits: bf16::from_bits,
             widen: bf16::to_f32,
             narrow: bf16::from_f32,
-            kernels: half_simd::kernels_bf16(),
+            kernels: bf16::kernels(),
         });
     }
 

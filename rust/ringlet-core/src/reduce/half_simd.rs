@@ -48,114 +48,36 @@ type Wide = [f32; LANES];
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 type Narrow = [u16; LANES];
 
-/// `dst = start ⊕ srcs[0] ⊕ srcs[1] ⊕ ...` over float16, in float32, with
-/// `op` one of the float lane operations (`a + b`, `a * b`, min, max) and
-/// `start` the destination itself (`first` = `None`, in place) or `first`
-/// (the destination is then only written). Every source, `first` included,
-/// must be at least as long as `dst`.
-#[inline(always)]
-pub(crate) fn reduce_f16(
-    dst: &mut [f16],
-    first: Option<&[f16]>,
-    srcs: &[&[f16]],
-    op: impl Fn(f32, f32) -> f32 + Copy,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_avx512() {
-        // SAFETY: `has_avx512` checked that this CPU has AVX-512F, AVX2 and
-        // F16C, the features `x86::reduce_f16_avx512` is compiled for.
-        return unsafe { x86::reduce_f16_avx512(dst, first, srcs, op) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_f16c() {
-        // SAFETY: `has_f16c` checked that this CPU has AVX2 and F16C, the
-        // features `x86::reduce_f16` is compiled for.
-        return unsafe { x86::reduce_f16(dst, first, srcs, op) };
-    }
-    portable::fold(
-        dst,
-        first,
-        srcs,
-        op,
-        portable::f16_to_f32_bits,
-        portable::f32_to_f16_bits,
-    )
-}
+/// The float16 and bfloat16 kernels behind one interface: each function
+/// runs the fastest variant this CPU has (AVX-512, AVX2, portable; see
+/// [`half!`] below).
+pub(crate) trait Half: bytemuck::Pod {
+    /// `dst = start ⊕ srcs[0] ⊕ srcs[1] ⊕ ...` in float32, with `op` one of
+    /// the float lane operations (`a + b`, `a * b`, min, max) and `start`
+    /// the destination itself (`first` = `None`, in place) or `first` (the
+    /// destination is then only written). Every source, `first` included,
+    /// must be at least as long as `dst`.
+    fn reduce(
+        dst: &mut [Self],
+        first: Option<&[Self]>,
+        srcs: &[&[Self]],
+        op: impl Fn(f32, f32) -> f32 + Copy,
+    );
 
-/// As [`reduce_f16`], over bfloat16.
-#[inline(always)]
-pub(crate) fn reduce_bf16(
-    dst: &mut [bf16],
-    first: Option<&[bf16]>,
-    srcs: &[&[bf16]],
-    op: impl Fn(f32, f32) -> f32 + Copy,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_avx512() {
-        // SAFETY: `has_avx512` checked that this CPU has AVX-512F and AVX2,
-        // the features `x86::reduce_bf16_avx512` is compiled for.
-        return unsafe { x86::reduce_bf16_avx512(dst, first, srcs, op) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_avx2() {
-        // SAFETY: `has_avx2` checked that this CPU has AVX2, the feature
-        // `x86::reduce_bf16` is compiled for.
-        return unsafe { x86::reduce_bf16(dst, first, srcs, op) };
-    }
-    portable::fold(
-        dst,
-        first,
-        srcs,
-        op,
-        portable::bf16_to_f32_bits,
-        portable::f32_to_bf16_bits,
-    )
-}
+    /// Widens `min(src.len(), dst.len())` elements to float32.
+    fn widen(src: &[Self], dst: &mut [f32]);
 
-/// float16 -> float32 of `min(src.len(), dst.len())` elements.
-pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_f16c() {
-        // SAFETY: `has_f16c` checked that this CPU has AVX2 and F16C, the
-        // features `x86::widen_f16` is compiled for.
-        return unsafe { x86::widen_f16(src, dst) };
-    }
-    portable::widen(src, dst, portable::f16_to_f32_bits)
-}
+    /// Narrows `min(src.len(), dst.len())` float32 elements, round to
+    /// nearest even.
+    fn narrow(src: &[f32], dst: &mut [Self]);
 
-/// float32 -> float16 of `min(src.len(), dst.len())` elements, round to
-/// nearest even.
-pub(crate) fn narrow_f16(src: &[f32], dst: &mut [f16]) {
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_f16c() {
-        // SAFETY: `has_f16c` checked that this CPU has AVX2 and F16C, the
-        // features `x86::narrow_f16` is compiled for.
-        return unsafe { x86::narrow_f16(src, dst) };
-    }
-    portable::narrow(src, dst, portable::f32_to_f16_bits)
-}
+    /// Every reduction kernel this CPU can run.
+    #[cfg(test)]
+    fn kernels() -> Vec<Kernel<Self>>;
 
-/// bfloat16 -> float32 of `min(src.len(), dst.len())` elements.
-pub(crate) fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_avx2() {
-        // SAFETY: `has_avx2` checked that this CPU has AVX2, the feature
-        // `x86::widen_bf16` is compiled for.
-        return unsafe { x86::widen_bf16(src, dst) };
-    }
-    portable::widen(src, dst, portable::bf16_to_f32_bits)
-}
-
-/// float32 -> bfloat16 of `min(src.len(), dst.len())` elements, round to
-/// nearest even.
-pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
-    #[cfg(target_arch = "x86_64")]
-    if x86::has_avx2() {
-        // SAFETY: `has_avx2` checked that this CPU has AVX2, the feature
-        // `x86::narrow_bf16` is compiled for.
-        return unsafe { x86::narrow_bf16(src, dst) };
-    }
-    portable::narrow(src, dst, portable::f32_to_bf16_bits)
+    /// Every slice conversion this CPU can run, the dispatched ones first.
+    #[cfg(test)]
+    fn conversions() -> (Vec<WidenFn<Self>>, Vec<NarrowFn<Self>>);
 }
 
 /// The variant each kernel above runs on this CPU, chosen by the same
@@ -560,25 +482,6 @@ pub(crate) mod portable {
             *d = f(s.to_bits());
         }
     }
-
-    /// The portable slice conversions (for tests and other targets).
-    #[cfg(test)]
-    pub(crate) mod slices {
-        use half::{bf16, f16};
-
-        pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
-            super::widen(src, dst, super::f16_to_f32_bits)
-        }
-        pub(crate) fn narrow_f16(src: &[f32], dst: &mut [f16]) {
-            super::narrow(src, dst, super::f32_to_f16_bits)
-        }
-        pub(crate) fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-            super::widen(src, dst, super::bf16_to_f32_bits)
-        }
-        pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
-            super::narrow(src, dst, super::f32_to_bf16_bits)
-        }
-    }
 }
 
 /// x86_64 versions: the same loops compiled for AVX2 or AVX-512, with the
@@ -588,170 +491,75 @@ pub(crate) mod portable {
 /// features first (the `unsafe` at each call).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{Narrow, Wide};
     use crate::simd::{avx2, avx512};
     pub(crate) use crate::simd::{has_avx2, has_avx512, has_f16c};
     use half::{bf16, f16};
 
-    /// float16 -> float32 (`vcvtph2ps`): exact, quiets NaNs like `half`.
-    #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    fn widen8_f16(h: Narrow) -> Wide {
-        avx2::lanes(avx2::load_f16(&bytemuck::cast(h)))
+    /// One format's kernels on one instruction set (`$features`), over
+    /// groups of `$lanes` float32 lanes converted by the SIMD layer's group
+    /// load and store: the reduction `$reduce` and, where named, the slice
+    /// conversions (widening with `$load_exact`, which quiets NaNs like
+    /// `half`; the reduction may use a plain load, see `avx2::load_bf16`).
+    macro_rules! kernels {
+        (
+            $features:literal, $H:ty, $lanes:literal, $load:path, $store:path => $reduce:ident
+            $(; $load_exact:path => $widen:ident, $narrow:ident)?
+        ) => {
+            #[target_feature(enable = $features)]
+            pub(crate) fn $reduce(
+                dst: &mut [$H],
+                first: Option<&[$H]>,
+                srcs: &[&[$H]],
+                op: impl Fn(f32, f32) -> f32 + Copy,
+            ) {
+                super::fold::<$H, $lanes>(
+                    dst,
+                    first,
+                    srcs,
+                    op,
+                    |h| bytemuck::cast($load(&bytemuck::cast(h))),
+                    |x| {
+                        let mut b = [0u8; 2 * $lanes];
+                        $store(bytemuck::cast(x), &mut b);
+                        bytemuck::cast(b)
+                    },
+                )
+            }
+
+            $(
+                #[target_feature(enable = $features)]
+                pub(crate) fn $widen(src: &[$H], dst: &mut [f32]) {
+                    super::widen(src, dst, |h| bytemuck::cast($load_exact(&bytemuck::cast(h))))
+                }
+
+                #[target_feature(enable = $features)]
+                pub(crate) fn $narrow(src: &[f32], dst: &mut [$H]) {
+                    super::narrow(src, dst, |x| {
+                        let mut b = [0u8; 2 * $lanes];
+                        $store(bytemuck::cast(x), &mut b);
+                        bytemuck::cast(b)
+                    })
+                }
+            )?
+        };
     }
 
-    /// float32 -> float16, rounding to nearest even.
-    #[target_feature(enable = "avx2,f16c")]
-    #[inline]
-    fn narrow8_f16(x: Wide) -> Narrow {
-        let mut b = [0u8; 16];
-        avx2::store_f16(bytemuck::cast(x), &mut b);
-        bytemuck::cast(b)
-    }
-
-    /// bfloat16 -> float32, quieting NaNs (as `portable::bf16_to_f32_bits`).
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn widen8_bf16(h: Narrow) -> Wide {
-        avx2::lanes(avx2::load_bf16_quiet(&bytemuck::cast(h)))
-    }
-
-    /// bfloat16 -> float32 for the reduction only: a plain shift, which
-    /// leaves a signalling NaN signalling. What reaches memory is the same as
-    /// with `widen8_bf16`: float arithmetic returns a NaN operand quieted, min
-    /// and max pass it through unchanged, and `narrow8_bf16` sets the quiet
-    /// bit of any NaN.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn widen8_bf16_for_fold(h: Narrow) -> Wide {
-        avx2::lanes(avx2::load_bf16(&bytemuck::cast(h)))
-    }
-
-    /// float32 -> bfloat16 as `portable::f32_to_bf16_bits` (round to
-    /// nearest even, NaNs quieted).
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn narrow8_bf16(x: Wide) -> Narrow {
-        let mut b = [0u8; 16];
-        avx2::store_bf16(bytemuck::cast(x), &mut b);
-        bytemuck::cast(b)
-    }
-
-    /// float16 -> float32, 16 lanes.
-    #[target_feature(enable = "avx512f,avx2,f16c")]
-    #[inline]
-    fn widen16_f16(h: [u16; 16]) -> [f32; 16] {
-        avx512::lanes(avx512::load_f16(&bytemuck::cast(h)))
-    }
-
-    /// float32 -> float16, 16 lanes, rounding to nearest even.
-    #[target_feature(enable = "avx512f,avx2,f16c")]
-    #[inline]
-    fn narrow16_f16(x: [f32; 16]) -> [u16; 16] {
-        let mut b = [0u8; 32];
-        avx512::store_f16(bytemuck::cast(x), &mut b);
-        bytemuck::cast(b)
-    }
-
-    /// bfloat16 -> float32 for the reduction (plain shifts, as
-    /// `widen8_bf16_for_fold`), 32 elements from one 64-byte load, in the
-    /// lane order of `avx512::load_bf16_pairs` (which `narrow32_bf16`
-    /// undoes; an element-wise fold does not see it).
-    #[target_feature(enable = "avx512f,avx2")]
-    #[inline]
-    fn widen32_bf16_for_fold(h: [u16; 32]) -> [f32; 32] {
-        bytemuck::cast(avx512::load_bf16_pairs(&bytemuck::cast(h)))
-    }
-
-    /// Inverse of `widen32_bf16_for_fold`, rounding as `narrow8_bf16`.
-    #[target_feature(enable = "avx512f,avx2")]
-    #[inline]
-    fn narrow32_bf16(x: [f32; 32]) -> [u16; 32] {
-        let mut b = [0u8; 64];
-        avx512::store_bf16_pairs(bytemuck::cast(x), &mut b);
-        bytemuck::cast(b)
-    }
-
-    #[target_feature(enable = "avx512f,avx2,f16c")]
-    pub(crate) fn reduce_f16_avx512(
-        dst: &mut [f16],
-        first: Option<&[f16]>,
-        srcs: &[&[f16]],
-        op: impl Fn(f32, f32) -> f32 + Copy,
-    ) {
-        super::fold(
-            dst,
-            first,
-            srcs,
-            op,
-            |h| widen16_f16(h),
-            |x| narrow16_f16(x),
-        )
-    }
-
-    #[target_feature(enable = "avx512f,avx2")]
-    pub(crate) fn reduce_bf16_avx512(
-        dst: &mut [bf16],
-        first: Option<&[bf16]>,
-        srcs: &[&[bf16]],
-        op: impl Fn(f32, f32) -> f32 + Copy,
-    ) {
-        super::fold(
-            dst,
-            first,
-            srcs,
-            op,
-            |h| widen32_bf16_for_fold(h),
-            |x| narrow32_bf16(x),
-        )
-    }
-
-    #[target_feature(enable = "avx2,f16c")]
-    pub(crate) fn reduce_f16(
-        dst: &mut [f16],
-        first: Option<&[f16]>,
-        srcs: &[&[f16]],
-        op: impl Fn(f32, f32) -> f32 + Copy,
-    ) {
-        super::fold(dst, first, srcs, op, |h| widen8_f16(h), |x| narrow8_f16(x))
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(crate) fn reduce_bf16(
-        dst: &mut [bf16],
-        first: Option<&[bf16]>,
-        srcs: &[&[bf16]],
-        op: impl Fn(f32, f32) -> f32 + Copy,
-    ) {
-        super::fold(
-            dst,
-            first,
-            srcs,
-            op,
-            |h| widen8_bf16_for_fold(h),
-            |x| narrow8_bf16(x),
-        )
-    }
-
-    #[target_feature(enable = "avx2,f16c")]
-    pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
-        super::widen(src, dst, |h| widen8_f16(h))
-    }
-
-    #[target_feature(enable = "avx2,f16c")]
-    pub(crate) fn narrow_f16(src: &[f32], dst: &mut [f16]) {
-        super::narrow(src, dst, |x| narrow8_f16(x))
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(crate) fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
-        super::widen(src, dst, |h| widen8_bf16(h))
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(crate) fn narrow_bf16(src: &[f32], dst: &mut [bf16]) {
-        super::narrow(src, dst, |x| narrow8_bf16(x))
-    }
+    // float16: `vcvtph2ps` / `vcvtps2ph` (F16C), exact and rounding to
+    // nearest even, quieting NaNs like `half`.
+    kernels!("avx512f,avx2,f16c", f16, 16, avx512::load_f16, avx512::store_f16 => reduce_f16_avx512);
+    kernels!("avx2,f16c", f16, 8, avx2::load_f16, avx2::store_f16 => reduce_f16;
+        avx2::load_f16 => widen_f16, narrow_f16);
+    // bfloat16: integer shifts and the rounding bias. The reduction widens
+    // with a plain shift, which leaves a signalling NaN signalling; what
+    // reaches memory is the same as with the quieting load: float arithmetic
+    // returns a NaN operand quieted, min and max pass it through unchanged,
+    // and the store sets the quiet bit of any NaN. With AVX-512, 32 elements
+    // from one 64-byte load, in the lane order of `avx512::load_bf16_pairs`
+    // (which `avx512::store_bf16_pairs` undoes; an element-wise fold does
+    // not see it).
+    kernels!("avx512f,avx2", bf16, 32, avx512::load_bf16_pairs, avx512::store_bf16_pairs => reduce_bf16_avx512);
+    kernels!("avx2", bf16, 8, avx2::load_bf16, avx2::store_bf16 => reduce_bf16;
+        avx2::load_bf16_quiet => widen_bf16, narrow_bf16);
 }
 
 /// A reduction kernel under test: `(name, run(op, dst, first, srcs))`.
@@ -788,125 +596,115 @@ macro_rules! with_op {
     }};
 }
 
-/// Every float16 kernel this CPU can run.
+/// A slice conversion under test, by name.
 #[cfg(test)]
-pub(crate) fn kernels_f16() -> Vec<Kernel<f16>> {
-    #[allow(unused_mut)]
-    let mut v: Vec<Kernel<f16>> = vec![(
-        "portable",
-        |op, d, first, s| with_op!(op, f => portable::fold(d, first, s, f, portable::f16_to_f32_bits, portable::f32_to_f16_bits)),
-    )];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_f16c() {
-            // SAFETY: AVX2 and F16C were just detected.
-            v.push((
-                "avx2",
-                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_f16(d, first, s, f) }),
-            ));
+pub(crate) type WidenFn<H> = (&'static str, fn(&[H], &mut [f32]));
+#[cfg(test)]
+pub(crate) type NarrowFn<H> = (&'static str, fn(&[f32], &mut [H]));
+
+/// Implements [`Half`] for `$H`: the reduction tries each x86 variant in
+/// turn (`x86::$has()` detects the features it is compiled for; `$name`
+/// names it in tests), the slice conversions the one variant after
+/// `convert`, and both fall back to the portable lane functions.
+macro_rules! half {
+    (
+        $H:ty, portable $to:path, $from:path;
+        reduce $($name:literal if $has:ident => $reduce:ident),+;
+        convert $cname:literal if $chas:ident => $widen:ident, $narrow:ident
+    ) => {
+        impl Half for $H {
+            #[inline(always)]
+            fn reduce(
+                dst: &mut [Self],
+                first: Option<&[Self]>,
+                srcs: &[&[Self]],
+                op: impl Fn(f32, f32) -> f32 + Copy,
+            ) {
+                $(
+                    #[cfg(target_arch = "x86_64")]
+                    if x86::$has() {
+                        // SAFETY: `x86::$has` checked that this CPU has the
+                        // features `x86::$reduce` is compiled for.
+                        return unsafe { x86::$reduce(dst, first, srcs, op) };
+                    }
+                )+
+                portable::fold(dst, first, srcs, op, $to, $from)
+            }
+
+            fn widen(src: &[Self], dst: &mut [f32]) {
+                #[cfg(target_arch = "x86_64")]
+                if x86::$chas() {
+                    // SAFETY: `x86::$chas` checked that this CPU has the
+                    // features `x86::$widen` is compiled for.
+                    return unsafe { x86::$widen(src, dst) };
+                }
+                portable::widen(src, dst, $to)
+            }
+
+            fn narrow(src: &[f32], dst: &mut [Self]) {
+                #[cfg(target_arch = "x86_64")]
+                if x86::$chas() {
+                    // SAFETY: as in `widen`, for `x86::$narrow`.
+                    return unsafe { x86::$narrow(src, dst) };
+                }
+                portable::narrow(src, dst, $from)
+            }
+
+            #[cfg(test)]
+            fn kernels() -> Vec<Kernel<Self>> {
+                #[allow(unused_mut)]
+                let mut v: Vec<Kernel<Self>> = vec![(
+                    "portable",
+                    |op, d, first, s| with_op!(op, f => portable::fold(d, first, s, f, $to, $from)),
+                )];
+                $(
+                    #[cfg(target_arch = "x86_64")]
+                    if x86::$has() {
+                        // SAFETY: the features were just detected.
+                        v.push((
+                            $name,
+                            |op, d, first, s| with_op!(op, f => unsafe { x86::$reduce(d, first, s, f) }),
+                        ));
+                    }
+                )+
+                v
+            }
+
+            #[cfg(test)]
+            fn conversions() -> (Vec<WidenFn<Self>>, Vec<NarrowFn<Self>>) {
+                #[allow(unused_mut)]
+                let mut w: Vec<WidenFn<Self>> = vec![
+                    ("dispatched", Self::widen),
+                    ("portable", |s, d| portable::widen(s, d, $to)),
+                ];
+                #[allow(unused_mut)]
+                let mut n: Vec<NarrowFn<Self>> = vec![
+                    ("dispatched", Self::narrow),
+                    ("portable", |s, d| portable::narrow(s, d, $from)),
+                ];
+                #[cfg(target_arch = "x86_64")]
+                if x86::$chas() {
+                    // SAFETY: the features were just detected.
+                    w.push(($cname, |s, d| unsafe { x86::$widen(s, d) }));
+                    // SAFETY: as above.
+                    n.push(($cname, |s, d| unsafe { x86::$narrow(s, d) }));
+                }
+                (w, n)
+            }
         }
-        if x86::has_avx512() {
-            // SAFETY: AVX-512F, AVX2 and F16C were just detected.
-            v.push((
-                "avx512",
-                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_f16_avx512(d, first, s, f) }),
-            ));
-        }
-    }
-    v
+    };
 }
 
-/// Every bfloat16 kernel this CPU can run.
-#[cfg(test)]
-pub(crate) fn kernels_bf16() -> Vec<Kernel<bf16>> {
-    #[allow(unused_mut)]
-    let mut v: Vec<Kernel<bf16>> = vec![(
-        "portable",
-        |op, d, first, s| with_op!(op, f => portable::fold(d, first, s, f, portable::bf16_to_f32_bits, portable::f32_to_bf16_bits)),
-    )];
-    #[cfg(target_arch = "x86_64")]
-    {
-        if x86::has_avx2() {
-            // SAFETY: AVX2 was just detected.
-            v.push((
-                "avx2",
-                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_bf16(d, first, s, f) }),
-            ));
-        }
-        if x86::has_avx512() {
-            // SAFETY: AVX-512F and AVX2 were just detected.
-            v.push((
-                "avx512",
-                |op, d, first, s| with_op!(op, f => unsafe { x86::reduce_bf16_avx512(d, first, s, f) }),
-            ));
-        }
-    }
-    v
-}
+half!(f16, portable portable::f16_to_f32_bits, portable::f32_to_f16_bits;
+    reduce "avx512" if has_avx512 => reduce_f16_avx512, "avx2" if has_f16c => reduce_f16;
+    convert "f16c" if has_f16c => widen_f16, narrow_f16);
+half!(bf16, portable portable::bf16_to_f32_bits, portable::f32_to_bf16_bits;
+    reduce "avx512" if has_avx512 => reduce_bf16_avx512, "avx2" if has_avx2 => reduce_bf16;
+    convert "avx2" if has_avx2 => widen_bf16, narrow_bf16);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A slice conversion under test, by name.
-    type Widen<H> = (&'static str, fn(&[H], &mut [f32]));
-    type Narrow<H> = (&'static str, fn(&[f32], &mut [H]));
-
-    fn f16_widens() -> Vec<Widen<f16>> {
-        #[allow(unused_mut)]
-        let mut v: Vec<Widen<f16>> = vec![
-            ("dispatched", widen_f16),
-            ("portable", portable::slices::widen_f16),
-        ];
-        #[cfg(target_arch = "x86_64")]
-        if x86::has_f16c() {
-            // SAFETY: AVX2 and F16C were just detected.
-            v.push(("f16c", |s, d| unsafe { x86::widen_f16(s, d) }));
-        }
-        v
-    }
-
-    fn f16_narrows() -> Vec<Narrow<f16>> {
-        #[allow(unused_mut)]
-        let mut v: Vec<Narrow<f16>> = vec![
-            ("dispatched", narrow_f16),
-            ("portable", portable::slices::narrow_f16),
-        ];
-        #[cfg(target_arch = "x86_64")]
-        if x86::has_f16c() {
-            // SAFETY: AVX2 and F16C were just detected.
-            v.push(("f16c", |s, d| unsafe { x86::narrow_f16(s, d) }));
-        }
-        v
-    }
-
-    fn bf16_widens() -> Vec<Widen<bf16>> {
-        #[allow(unused_mut)]
-        let mut v: Vec<Widen<bf16>> = vec![
-            ("dispatched", widen_bf16),
-            ("portable", portable::slices::widen_bf16),
-        ];
-        #[cfg(target_arch = "x86_64")]
-        if x86::has_avx2() {
-            // SAFETY: AVX2 was just detected.
-            v.push(("avx2", |s, d| unsafe { x86::widen_bf16(s, d) }));
-        }
-        v
-    }
-
-    fn bf16_narrows() -> Vec<Narrow<bf16>> {
-        #[allow(unused_mut)]
-        let mut v: Vec<Narrow<bf16>> = vec![
-            ("dispatched", narrow_bf16),
-            ("portable", portable::slices::narrow_bf16),
-        ];
-        #[cfg(target_arch = "x86_64")]
-        if x86::has_avx2() {
-            // SAFETY: AVX2 was just detected.
-            v.push(("avx2", |s, d| unsafe { x86::narrow_bf16(s, d) }));
-        }
-        v
-    }
 
     /// xorshift64*: reproducible bit patterns without a dependency.
     fn random_bits(n: usize, mut state: u64) -> Vec<u32> {
@@ -976,6 +774,37 @@ mod tests {
         bits.into_iter().map(f32::from_bits).collect()
     }
 
+    /// Every widening of `H` against `want` for every bit pattern `hs`;
+    /// odd lengths and offsets exercise the tails of the 8-lane loops.
+    fn check_widens<H: Half>(format: &str, hs: &[H], want: impl Fn(&H) -> f32) {
+        let bits = |h: &H| bytemuck::cast::<H, u16>(*h);
+        for (off, len) in [(0, 65536), (3, 65533), (0, 13)] {
+            for (name, widen) in H::conversions().0 {
+                let mut got = vec![0f32; len];
+                widen(&hs[off..off + len], &mut got);
+                for (h, g) in hs[off..].iter().zip(&got) {
+                    let w = want(h).to_bits();
+                    assert_eq!(g.to_bits(), w, "{format} {name} {:#x}", bits(h));
+                }
+            }
+        }
+    }
+
+    /// Every narrowing of `H` of `xs` against `want` (the bits `half` gives).
+    fn check_narrows<H: Half>(format: &str, xs: &[f32], want: &[u16]) {
+        for off in [0, 5] {
+            let xs = &xs[off..];
+            for (name, narrow) in H::conversions().1 {
+                let mut got = vec![H::zeroed(); xs.len()];
+                narrow(xs, &mut got);
+                for ((x, g), w) in xs.iter().zip(&got).zip(&want[off..]) {
+                    let g = bytemuck::cast::<H, u16>(*g);
+                    assert_eq!(g, *w, "{format} {name} {:#010x}", x.to_bits());
+                }
+            }
+        }
+    }
+
     #[test]
     fn widening_matches_half_for_every_pattern() {
         let f16s: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
@@ -987,33 +816,8 @@ mod tests {
                 "half's own paths differ at {i:#x}"
             );
         }
-        // Odd lengths and offsets exercise the tails of the 8-lane loops.
-        for (off, len) in [(0, 65536), (3, 65533), (0, 13)] {
-            for (name, widen) in f16_widens() {
-                let mut got = vec![0f32; len];
-                widen(&f16s[off..off + len], &mut got);
-                for (h, g) in f16s[off..].iter().zip(&got) {
-                    assert_eq!(
-                        g.to_bits(),
-                        h.to_f32().to_bits(),
-                        "f16 {name} {:#x}",
-                        h.to_bits()
-                    );
-                }
-            }
-            for (name, widen) in bf16_widens() {
-                let mut got = vec![0f32; len];
-                widen(&bf16s[off..off + len], &mut got);
-                for (h, g) in bf16s[off..].iter().zip(&got) {
-                    assert_eq!(
-                        g.to_bits(),
-                        h.to_f32().to_bits(),
-                        "bf16 {name} {:#x}",
-                        h.to_bits()
-                    );
-                }
-            }
-        }
+        check_widens("f16", &f16s, |h| h.to_f32());
+        check_widens("bf16", &bf16s, |h| h.to_f32());
     }
 
     #[test]
@@ -1028,38 +832,23 @@ mod tests {
                 "half's own paths differ"
             );
         }
-        for off in [0, 5] {
-            let xs = &xs[off..];
-            for (name, narrow) in f16_narrows() {
-                let mut got = vec![f16::ZERO; xs.len()];
-                narrow(xs, &mut got);
-                for ((x, g), w) in xs.iter().zip(&got).zip(&want16[off..]) {
-                    assert_eq!(g.to_bits(), *w, "f16 {name} {:#010x}", x.to_bits());
-                }
-            }
-            for (name, narrow) in bf16_narrows() {
-                let mut got = vec![bf16::ZERO; xs.len()];
-                narrow(xs, &mut got);
-                for ((x, g), w) in xs.iter().zip(&got).zip(&want_bf[off..]) {
-                    assert_eq!(g.to_bits(), *w, "bf16 {name} {:#010x}", x.to_bits());
-                }
-            }
-        }
+        check_narrows::<f16>("f16", &xs, &want16);
+        check_narrows::<bf16>("bf16", &xs, &want_bf);
     }
 
     #[test]
     fn converts_the_shorter_length() {
         let src = [f16::ONE; 20];
         let mut dst = [0f32; 11];
-        widen_f16(&src, &mut dst);
+        Half::widen(&src, &mut dst);
         assert!(dst.iter().all(|v| *v == 1.0));
         let mut out = [f16::ZERO; 20];
-        narrow_f16(&dst, &mut out);
+        Half::narrow(&dst, &mut out);
         assert!(
             out[..11].iter().all(|v| *v == f16::ONE) && out[11..].iter().all(|v| *v == f16::ZERO)
         );
         let mut out = [bf16::ZERO; 5];
-        narrow_bf16(&dst, &mut out);
+        Half::narrow(&dst, &mut out);
         assert!(out.iter().all(|v| *v == bf16::ONE));
     }
 }
