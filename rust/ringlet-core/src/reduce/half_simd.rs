@@ -155,10 +155,34 @@ pub(crate) fn fold<H: bytemuck::Pod, const L: usize>(
     let (body, tail) = dst.split_at_mut(whole);
     let body: &mut [[u16; L]] = bytemuck::cast_slice_mut(body);
     // Two copies of the loops, so the choice of start is made once, here,
-    // not per group.
+    // not per group; within each, the number of sources is chosen once too:
+    // up to three are folded in registers, more through the L1 accumulator.
+    macro_rules! by_sources {
+        ($into:literal, $first:expr) => {
+            match srcs {
+                [] => fold_fused::<$into, 0, L>(body, $first, [], op, widen, narrow),
+                [a] => {
+                    let s = [groups(a, whole)];
+                    fold_fused::<$into, 1, L>(body, $first, s, op, widen, narrow)
+                }
+                [a, b] => {
+                    let s = [groups(a, whole), groups(b, whole)];
+                    fold_fused::<$into, 2, L>(body, $first, s, op, widen, narrow)
+                }
+                [a, b, c] => {
+                    let s = [groups(a, whole), groups(b, whole), groups(c, whole)];
+                    fold_fused::<$into, 3, L>(body, $first, s, op, widen, narrow)
+                }
+                many => {
+                    let all: Vec<&[[u16; L]]> = many.iter().map(|s| groups(s, whole)).collect();
+                    fold_blocked(body, $into.then_some($first), &all, op, widen, narrow)
+                }
+            }
+        };
+    }
     match first {
-        None => fold_body::<false, H, L>(body, &[], srcs, op, widen, narrow),
-        Some(f) => fold_body::<true, H, L>(body, groups(f, whole), srcs, op, widen, narrow),
+        None => by_sources!(false, &[]),
+        Some(f) => by_sources!(true, groups(f, whole)),
     }
     if !tail.is_empty() {
         let start: &[u16] = match first {
@@ -171,48 +195,6 @@ pub(crate) fn fold<H: bytemuck::Pod, const L: usize>(
             apply(&mut acc, widen(pad(s)), op);
         }
         tail.copy_from_slice(&narrow(acc)[..n - whole]);
-    }
-}
-
-/// [`fold`] over the whole groups, `first` (when `INTO`) and every source
-/// at least as long as `body`.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-#[inline(always)]
-fn fold_body<const INTO: bool, H: bytemuck::Pod, const L: usize>(
-    body: &mut [[u16; L]],
-    first: &[[u16; L]],
-    srcs: &[&[H]],
-    op: impl Fn(f32, f32) -> f32 + Copy,
-    widen: impl Fn([u16; L]) -> [f32; L] + Copy,
-    narrow: impl Fn([f32; L]) -> [u16; L] + Copy,
-) where
-    [u16; L]: bytemuck::Pod,
-    [f32; L]: bytemuck::Pod,
-{
-    let whole = body.len() * L;
-    match srcs {
-        [] => fold_fused::<INTO, 0, L>(body, first, [], op, widen, narrow),
-        [a] => fold_fused::<INTO, 1, L>(body, first, [groups(a, whole)], op, widen, narrow),
-        [a, b] => fold_fused::<INTO, 2, L>(
-            body,
-            first,
-            [groups(a, whole), groups(b, whole)],
-            op,
-            widen,
-            narrow,
-        ),
-        [a, b, c] => fold_fused::<INTO, 3, L>(
-            body,
-            first,
-            [groups(a, whole), groups(b, whole), groups(c, whole)],
-            op,
-            widen,
-            narrow,
-        ),
-        many => {
-            let all: Vec<&[[u16; L]]> = many.iter().map(|s| groups(s, whole)).collect();
-            fold_blocked(body, INTO.then_some(first), &all, op, widen, narrow)
-        }
     }
 }
 
