@@ -5,119 +5,93 @@
 
 use super::{Kind, EPS, EPS_F64, Q, Q_F64};
 
-/// `v.round_ties_even()`. On x86 without SSE4.1 (the baseline target) that
-/// is a library call per element; there the portable kernel instead adds and
-/// subtracts 2^23 to the magnitude below 2^23 (the float unit rounds to
-/// nearest even), the same result for every input, signed zeros included.
-#[inline(always)]
-pub(super) fn rint(v: f32) -> f32 {
-    if cfg!(any(target_arch = "x86", target_arch = "x86_64")) && !cfg!(target_feature = "sse4.1") {
-        const BIG: f32 = 8_388_608.0; // 2^23: from here on, floats are integers
-        if v.abs() < BIG {
-            ((v.abs() + BIG) - BIG).copysign(v)
-        } else {
-            v
+/// `rint` (round half to even) and the quantisation constants of a chunk
+/// (`Params`) for one float type, written once for float32 and float64.
+macro_rules! quantisation {
+    (
+        $(#[$rint_doc:meta])* fn $rint:ident($F:ty), big $big:literal;
+        $(#[$params_doc:meta])* struct $Params:ident, q $q:expr, eps $eps:expr;
+    ) => {
+        $(#[$rint_doc])*
+        #[inline(always)]
+        pub(super) fn $rint(v: $F) -> $F {
+            if cfg!(any(target_arch = "x86", target_arch = "x86_64"))
+                && !cfg!(target_feature = "sse4.1")
+            {
+                const BIG: $F = $big; // from here on, floats are integers
+                if v.abs() < BIG {
+                    ((v.abs() + BIG) - BIG).copysign(v)
+                } else {
+                    v
+                }
+            } else {
+                v.round_ties_even()
+            }
         }
-    } else {
-        v.round_ties_even()
-    }
-}
 
-/// [`rint`] in float64 (2^52).
-#[inline(always)]
-pub(super) fn rint64(v: f64) -> f64 {
-    if cfg!(any(target_arch = "x86", target_arch = "x86_64")) && !cfg!(target_feature = "sse4.1") {
-        const BIG: f64 = 4_503_599_627_370_496.0; // 2^52
-        if v.abs() < BIG {
-            ((v.abs() + BIG) - BIG).copysign(v)
-        } else {
-            v
+        $(#[$params_doc])*
+        #[derive(Clone, Copy, Debug)]
+        pub(super) struct $Params {
+            pub(super) scale: $F,
+            pub(super) upper: $F,
+            pub(super) lower: $F,
         }
-    } else {
-        v.round_ties_even()
-    }
-}
 
-/// The quantisation constants of a chunk with (finite) extremes `mn`, `mx`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Params {
-    pub(super) scale: f32,
-    pub(super) upper: f32,
-    pub(super) lower: f32,
-}
+        impl $Params {
+            pub(super) fn new(mn: $F, mx: $F) -> Self {
+                let scale = $q / (mx - mn + $eps);
+                let upper = (mx * scale).round_ties_even();
+                $Params {
+                    scale,
+                    upper,
+                    lower: upper - $q,
+                }
+            }
 
-impl Params {
-    pub(super) fn new(mn: f32, mx: f32) -> Self {
-        let scale = Q / (mx - mn + EPS);
-        let upper = (mx * scale).round_ties_even();
-        Params {
-            scale,
-            upper,
-            lower: upper - Q,
+            /// The byte of `x`. `min` is written as `minps` computes it; `as u8`
+            /// saturates (NaN -> 0).
+            ///
+            /// The vector kernels saturate in integers after truncating to i32,
+            /// which agrees with `as u8` because `level - lower` never exceeds
+            /// 2^31: `level <= upper`, and `upper - lower` is 255 while `upper` is
+            /// below 2^24 and at most 255 + ulp(upper) / 2 <= 383 up to 2^32, beyond
+            /// which `lower == upper`; an infinite `upper` makes `level - lower` NaN
+            /// or -inf (`scale` is finite and `mx` finite, so `upper` is never NaN).
+            #[inline(always)]
+            pub(super) fn byte(self, x: $F) -> u8 {
+                let level = $rint(x * self.scale);
+                let level = if level < self.upper {
+                    level
+                } else {
+                    self.upper
+                };
+                (level - self.lower) as u8
+            }
+
+            /// The decompressed value of `byte`, before rounding to the element type.
+            #[inline(always)]
+            pub(super) fn value(self, byte: u8) -> $F {
+                (<$F>::from(byte) + self.lower) / self.scale
+            }
         }
-    }
-
-    /// The byte of `x`. `min` is written as `minps` computes it; `as u8`
-    /// saturates (NaN -> 0).
-    ///
-    /// The vector kernels saturate in integers after truncating to i32,
-    /// which agrees with `as u8` because `level - lower` never exceeds
-    /// 2^31: `level <= upper`, and `upper - lower` is 255 while `upper` is
-    /// below 2^24 and at most 255 + ulp(upper) / 2 <= 383 up to 2^32, beyond
-    /// which `lower == upper`; an infinite `upper` makes `level - lower` NaN
-    /// or -inf (`scale` is finite and `mx` finite, so `upper` is never NaN).
-    #[inline(always)]
-    pub(super) fn byte(self, x: f32) -> u8 {
-        let level = rint(x * self.scale);
-        let level = if level < self.upper {
-            level
-        } else {
-            self.upper
-        };
-        (level - self.lower) as u8
-    }
-
-    /// The decompressed value of `byte`, before rounding to the element type.
-    #[inline(always)]
-    pub(super) fn value(self, byte: u8) -> f32 {
-        (f32::from(byte) + self.lower) / self.scale
-    }
+    };
 }
 
-/// [`Params`] of a float64 chunk.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Params64 {
-    pub(super) scale: f64,
-    pub(super) upper: f64,
-    pub(super) lower: f64,
+quantisation! {
+    /// `v.round_ties_even()`. On x86 without SSE4.1 (the baseline target) that
+    /// is a library call per element; there the portable kernel instead adds and
+    /// subtracts 2^23 to the magnitude below 2^23 (the float unit rounds to
+    /// nearest even), the same result for every input, signed zeros included.
+    fn rint(f32), big 8_388_608.0;
+    /// The quantisation constants of a chunk with (finite) extremes `mn`, `mx`.
+    struct Params, q Q, eps EPS;
 }
 
-impl Params64 {
-    pub(super) fn new(mn: f64, mx: f64) -> Self {
-        let scale = Q_F64 / (mx - mn + EPS_F64);
-        let upper = (mx * scale).round_ties_even();
-        Params64 {
-            scale,
-            upper,
-            lower: upper - Q_F64,
-        }
-    }
-
-    #[inline(always)]
-    pub(super) fn byte(self, x: f64) -> u8 {
-        let level = rint64(x * self.scale);
-        let level = if level < self.upper {
-            level
-        } else {
-            self.upper
-        };
-        (level - self.lower) as u8
-    }
-
-    #[inline(always)]
-    pub(super) fn value(self, byte: u8) -> f64 {
-        (f64::from(byte) + self.lower) / self.scale
-    }
+quantisation! {
+    /// [`rint`] in float64 (2^52).
+    fn rint64(f64), big 4_503_599_627_370_496.0;
+    /// [`Params`] of a float64 chunk.
+    struct Params64, q Q_F64, eps EPS_F64;
 }
 
 /// The extremes of a chunk as a kernel found them: exact when `finite`.
@@ -213,56 +187,37 @@ impl Isa {
         }
         v
     }
+}
 
-    pub(super) fn minmax(self, kind: Kind, src: &[u8]) -> Range {
-        match self {
-            Isa::Portable => portable::minmax(kind, src),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and F16C were detected, the
-            // features `x86::avx2` is compiled for.
-            Isa::Avx2(_) => unsafe { x86::avx2::minmax(kind, src) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX-512F, AVX2 and F16C were
-            // detected, the features `x86::avx512` is compiled for.
-            Isa::Avx512(_) => unsafe { x86::avx512::minmax(kind, src) },
+/// The kernel functions of [`Isa`], each running the variant it names: the
+/// x86 ones after the check its token stands for.
+macro_rules! isa_kernels {
+    ($(fn $f:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
+        impl Isa {
+            $(
+                pub(super) fn $f(self, $($arg: $ty),*) $(-> $ret)? {
+                    match self {
+                        Isa::Portable => portable::$f($($arg),*),
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: the token proves AVX2 and F16C were detected,
+                        // the features `x86::avx2` is compiled for.
+                        Isa::Avx2(_) => unsafe { x86::avx2::$f($($arg),*) },
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: the token proves AVX-512F, AVX2 and F16C were
+                        // detected, the features `x86::avx512` is compiled for.
+                        Isa::Avx512(_) => unsafe { x86::avx512::$f($($arg),*) },
+                    }
+                }
+            )*
         }
-    }
+    };
+}
 
-    pub(super) fn quantize(self, kind: Kind, src: &[u8], p: Params, dst: &mut [u8]) {
-        match self {
-            Isa::Portable => portable::quantize(kind, src, p, dst),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and F16C were detected.
-            Isa::Avx2(_) => unsafe { x86::avx2::quantize(kind, src, p, dst) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX-512F, AVX2 and F16C were detected.
-            Isa::Avx512(_) => unsafe { x86::avx512::quantize(kind, src, p, dst) },
-        }
-    }
-
-    pub(super) fn dequantize(self, kind: Kind, mode: Mode, src: &[u8], p: Params, dst: &mut [u8]) {
-        match self {
-            Isa::Portable => portable::dequantize(kind, mode, src, p, dst),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and F16C were detected.
-            Isa::Avx2(_) => unsafe { x86::avx2::dequantize(kind, mode, src, p, dst) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX-512F, AVX2 and F16C were detected.
-            Isa::Avx512(_) => unsafe { x86::avx512::dequantize(kind, mode, src, p, dst) },
-        }
-    }
-
-    pub(super) fn scaled(self, kind: Kind, acc: &[u8], divisor: f32, dst: &mut [u8]) {
-        match self {
-            Isa::Portable => portable::scaled(kind, acc, divisor, dst),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX2 and F16C were detected.
-            Isa::Avx2(_) => unsafe { x86::avx2::scaled(kind, acc, divisor, dst) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves AVX-512F, AVX2 and F16C were detected.
-            Isa::Avx512(_) => unsafe { x86::avx512::scaled(kind, acc, divisor, dst) },
-        }
-    }
+isa_kernels! {
+    fn minmax(kind: Kind, src: &[u8]) -> Range;
+    fn quantize(kind: Kind, src: &[u8], p: Params, dst: &mut [u8]);
+    fn dequantize(kind: Kind, mode: Mode, src: &[u8], p: Params, dst: &mut [u8]);
+    fn scaled(kind: Kind, acc: &[u8], divisor: f32, dst: &mut [u8]);
 }
 
 /// Folds `step` over the `B`-byte groups of `src` in four interleaved
@@ -363,36 +318,38 @@ mod portable {
         }
     }
 
-    impl Lane for F16 {
-        const SIZE: usize = 2;
-        #[inline(always)]
-        fn widen(b: &[u8]) -> f32 {
-            f16::from_ne_bytes([b[0], b[1]]).to_f32()
-        }
-        #[inline(always)]
-        fn narrow(v: f32, b: &mut [u8]) {
-            b.copy_from_slice(&f16::from_f32(v).to_ne_bytes());
-        }
-        #[inline(always)]
-        fn round(v: f32) -> f32 {
-            f16::from_f32(v).to_f32()
-        }
+    /// A half-precision [`Lane`] through the `half` crate's conversions.
+    macro_rules! half_lane {
+        ($($Lane:ident: $H:ty),*) => {$(
+            impl Lane for $Lane {
+                const SIZE: usize = 2;
+                #[inline(always)]
+                fn widen(b: &[u8]) -> f32 {
+                    <$H>::from_ne_bytes([b[0], b[1]]).to_f32()
+                }
+                #[inline(always)]
+                fn narrow(v: f32, b: &mut [u8]) {
+                    b.copy_from_slice(&<$H>::from_f32(v).to_ne_bytes());
+                }
+                #[inline(always)]
+                fn round(v: f32) -> f32 {
+                    <$H>::from_f32(v).to_f32()
+                }
+            }
+        )*};
     }
 
-    impl Lane for BF16 {
-        const SIZE: usize = 2;
-        #[inline(always)]
-        fn widen(b: &[u8]) -> f32 {
-            bf16::from_ne_bytes([b[0], b[1]]).to_f32()
-        }
-        #[inline(always)]
-        fn narrow(v: f32, b: &mut [u8]) {
-            b.copy_from_slice(&bf16::from_f32(v).to_ne_bytes());
-        }
-        #[inline(always)]
-        fn round(v: f32) -> f32 {
-            bf16::from_f32(v).to_f32()
-        }
+    half_lane!(F16: f16, BF16: bf16);
+
+    /// Runs the generic `run::<L>(args)` for the [`Lane`] of `kind`.
+    macro_rules! by_kind {
+        ($kind:expr, $run:ident($($arg:expr),*)) => {
+            match $kind {
+                Kind::F32 => $run::<F32>($($arg),*),
+                Kind::F16 => $run::<F16>($($arg),*),
+                Kind::BF16 => $run::<BF16>($($arg),*),
+            }
+        };
     }
 
     /// Elements per step of the loops below: blocks of `W` independent
@@ -433,11 +390,7 @@ mod portable {
             }
             Range::from_lanes(&mn, &mx, &chk)
         }
-        match kind {
-            Kind::F32 => run::<F32>(src),
-            Kind::F16 => run::<F16>(src),
-            Kind::BF16 => run::<BF16>(src),
-        }
+        by_kind!(kind, run(src))
     }
 
     pub(super) fn quantize(kind: Kind, src: &[u8], p: Params, dst: &mut [u8]) {
@@ -455,11 +408,7 @@ mod portable {
                 *d = p.byte(L::widen(c));
             }
         }
-        match kind {
-            Kind::F32 => run::<F32>(src, p, dst),
-            Kind::F16 => run::<F16>(src, p, dst),
-            Kind::BF16 => run::<BF16>(src, p, dst),
-        }
+        by_kind!(kind, run(src, p, dst))
     }
 
     pub(super) fn dequantize(kind: Kind, mode: Mode, src: &[u8], p: Params, dst: &mut [u8]) {
@@ -484,11 +433,7 @@ mod portable {
                 }
             }
         }
-        match kind {
-            Kind::F32 => run::<F32>(mode, src, p, dst),
-            Kind::F16 => run::<F16>(mode, src, p, dst),
-            Kind::BF16 => run::<BF16>(mode, src, p, dst),
-        }
+        by_kind!(kind, run(mode, src, p, dst))
     }
 
     pub(super) fn scaled(kind: Kind, acc: &[u8], divisor: f32, dst: &mut [u8]) {
@@ -497,11 +442,7 @@ mod portable {
                 L::narrow(F32::widen(a) / divisor, d);
             }
         }
-        match kind {
-            Kind::F32 => run::<F32>(acc, divisor, dst),
-            Kind::F16 => run::<F16>(acc, divisor, dst),
-            Kind::BF16 => run::<BF16>(acc, divisor, dst),
-        }
+        by_kind!(kind, run(acc, divisor, dst))
     }
 }
 
@@ -679,18 +620,22 @@ mod x86 {
                     dst: &mut [u8],
                 ) {
                     let d = splat(divisor);
-                    let q = |a: &[u8; 4 * L]| div(load_f32(a), d);
                     match kind {
-                        Kind::F32 => zip_groups::<{ 4 * L }, { 4 * L }>(acc, dst, |a, o| {
-                            store_f32(q(a), o)
-                        }),
-                        Kind::F16 => zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| {
-                            store_f16(q(a), o)
-                        }),
-                        Kind::BF16 => zip_groups::<{ 4 * L }, { 2 * L }>(acc, dst, |a, o| {
-                            store_bf16(q(a), o)
-                        }),
+                        Kind::F32 => scaled_of::<{ 4 * L }>(acc, d, dst, |v, o| store_f32(v, o)),
+                        Kind::F16 => scaled_of::<{ 2 * L }>(acc, d, dst, |v, o| store_f16(v, o)),
+                        Kind::BF16 => scaled_of::<{ 2 * L }>(acc, d, dst, |v, o| store_bf16(v, o)),
                     }
+                }
+
+                #[target_feature(enable = $features)]
+                #[inline]
+                fn scaled_of<const B: usize>(
+                    acc: &[u8],
+                    divisor: V,
+                    dst: &mut [u8],
+                    store: impl Fn(V, &mut [u8; B]),
+                ) {
+                    zip_groups::<{ 4 * L }, B>(acc, dst, |a, o| store(div(load_f32(a), divisor), o));
                 }
             }
         };
