@@ -8,6 +8,28 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 
+/// The smallest and largest of `xs`, starting from `(mn, mx)`, and whether
+/// every one is `finite`: the chunk extremes the codecs quantise between. A
+/// NaN never becomes an extreme (`x < mn` and `x > mx` are false for it).
+#[inline(always)]
+pub(super) fn extremes<T: PartialOrd + Copy>(
+    xs: impl IntoIterator<Item = T>,
+    (mut mn, mut mx): (T, T),
+    finite: impl Fn(T) -> bool,
+) -> (T, T, bool) {
+    let mut all_finite = true;
+    for x in xs {
+        all_finite &= finite(x);
+        if x < mn {
+            mn = x;
+        }
+        if x > mx {
+            mx = x;
+        }
+    }
+    (mn, mx, all_finite)
+}
+
 /// An element type the algorithms compute on.
 trait Float: bytemuck::Pod {
     /// The type the arithmetic runs in.

@@ -221,21 +221,11 @@ pub fn compress(dtype: DType, src: &[u8], dst: &mut [u8]) -> Result<()> {
         for b in 0..blocks(n) {
             let (lo, hi) = (b * BLOCK, ((b + 1) * BLOCK).min(n));
             let x = |i: usize| T::load(&src[i * T::SIZE..]);
-            let (mut mn, mut mx) = (T::W::ZERO, T::W::ZERO);
-            let mut finite = true;
-            if lo < hi {
-                (mn, mx) = (x(lo), x(lo));
-                for i in lo..hi {
-                    let v = x(i);
-                    finite &= v.finite();
-                    if v < mn {
-                        mn = v;
-                    }
-                    if v > mx {
-                        mx = v;
-                    }
-                }
-            }
+            let (mn, mx, finite) = if lo < hi {
+                super::arith::extremes((lo..hi).map(x), (x(lo), x(lo)), |v: T::W| v.finite())
+            } else {
+                (T::W::ZERO, T::W::ZERO, true)
+            };
             let len = (hi - lo).div_ceil(2);
             let (head, levels) = dst[out..out + h + len].split_at_mut(h);
             if !finite {

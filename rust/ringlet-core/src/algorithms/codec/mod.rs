@@ -277,17 +277,11 @@ fn compress_f64(src: &[u8], head: &mut [u8], body: &mut [u8]) -> Result<()> {
         b.copy_from_slice(c);
         f64::from_ne_bytes(b)
     };
-    let (mut mn, mut mx, mut finite) = (f64::INFINITY, f64::NEG_INFINITY, true);
-    for c in src.chunks_exact(8) {
-        let x = load(c);
-        finite &= x.is_finite();
-        if x < mn {
-            mn = x;
-        }
-        if x > mx {
-            mx = x;
-        }
-    }
+    let (mn, mx, finite) = super::arith::extremes(
+        src.chunks_exact(8).map(load),
+        (f64::INFINITY, f64::NEG_INFINITY),
+        f64::is_finite,
+    );
     if !finite {
         head[..8].copy_from_slice(&f64::NAN.to_le_bytes());
         head[8..].copy_from_slice(&f64::NAN.to_le_bytes());
