@@ -27,7 +27,7 @@
 //!
 //! TCP: small messages are exchanged with every peer and reduced locally in
 //! rank order (up to 7 ranks) or combined by recursive doubling (8 ranks and
-//! up: log2 p steps, see [`recursive_doubling`]); larger ones use a ring reduce-scatter then a ring all-gather
+//! up: log2 p steps, see [`doubling`]); larger ones use a ring reduce-scatter then a ring all-gather
 //! (2(p-1)/p of the buffer crosses each link). float16/bfloat16 travel and
 //! accumulate as float32.
 
@@ -205,7 +205,8 @@ pub(crate) fn tcp_all_reduce(
     let (p, r) = (mesh.size(), mesh.rank());
     let esz = dtype.size();
     if buf.len() <= TCP_SMALL && p >= RD_MIN_RANKS {
-        return recursive_doubling(mesh, cfg, buf, dtype, op);
+        let transfer = |x: &mut [Xfer<'_>]| mesh.transfer(x, OP, cfg.timeout);
+        return doubling(p, r, |i| i, buf, dtype, op, transfer);
     }
     if buf.len() <= TCP_SMALL {
         let mut theirs = vec![scratch(buf.len()); p];
@@ -234,8 +235,21 @@ pub(crate) fn tcp_all_reduce(
         buf.copy_from_slice(out);
         return Ok(());
     }
+    // Ring reduce-scatter over `p` parts of `buf`, in place, around the ring
+    // of [`RingOrder`] (parts are numbered by ring position: the result does
+    // not depend on which rank reduced which part). At step s the rank at
+    // position r sends part `r - s` to the next rank and reduces part
+    // `r - s - 1` (mod p) received from the previous one; after p-1 steps it
+    // owns the fully reduced part `r + 1`, where the ring all-gather starts.
     let count = buf.len() / esz;
-    ring_reduce_scatter(mesh, cfg, buf, dtype, op)?;
+    let pos = RingOrder::new(p, r).pos;
+    let mut ring = Ring::new(mesh, OP, dtype, op);
+    for s in 0..p - 1 {
+        let send = part_bytes(count, p, (pos + p - s) % p, esz);
+        let recv = part_bytes(count, p, (pos + 2 * p - s - 1) % p, esz);
+        let (out, dst) = split_ref_mut(buf, send, recv);
+        ring.step(mesh, cfg, out, dst, None)?;
+    }
     ring_all_gather(mesh, cfg, buf, count, esz, 1)
 }
 
@@ -247,36 +261,17 @@ pub(crate) fn tcp_all_reduce(
 /// p - 1 messages per rank dominate beyond that.
 const RD_MIN_RANKS: usize = 8;
 
-/// Recursive doubling for small TCP all-reduces. With `q` the largest power
-/// of two not above `p`, the first `2(p - q)` ranks pair up (even with odd)
-/// and the odd one folds in its partner's buffer, leaving `q` participants;
-/// in step `k` each participant swaps its whole partial result with the one
-/// whose index differs in bit `k` and reduces the two, lower block first, so
-/// both partners compute the same value bit for bit; at the end each odd
-/// folder hands the result back to its even partner. log2(q) + 2 steps,
-/// one message each, instead of p - 1 messages per rank.
-fn recursive_doubling(
-    mesh: &TcpMesh,
-    cfg: &Config,
-    buf: &mut [u8],
-    dtype: DType,
-    op: ReduceOp,
-) -> Result<()> {
-    doubling(
-        mesh.size(),
-        mesh.rank(),
-        |i| i,
-        buf,
-        dtype,
-        op,
-        |x| mesh.transfer(x, OP, cfg.timeout),
-    )
-}
-
-/// Recursive doubling (as above) among `n` participants, of which this one
-/// is `me`: `rank_of(i)` is participant i's rank in the mesh, and `transfer`
-/// runs one step's transfers. The flat TCP all-reduce runs it over every
-/// rank, the two-level one over each host's owner of a channel.
+/// Recursive doubling for small TCP all-reduces, among `n` participants of
+/// which this one is `me`: `rank_of(i)` is participant i's rank in the mesh,
+/// and `transfer` runs one step's transfers (the flat TCP all-reduce runs it
+/// over every rank, the two-level one over each host's owner of a channel).
+/// With `q` the largest power of two not above `n`, the first `2(n - q)`
+/// participants pair up (even with odd) and the odd one folds in its
+/// partner's buffer, leaving `q`; in step `k` each swaps its whole partial
+/// result with the one whose index differs in bit `k` and reduces the two,
+/// lower block first, so both partners compute the same value bit for bit;
+/// at the end each odd folder hands the result back to its even partner.
+/// log2(q) + 2 steps, one message each, instead of n - 1 messages per rank.
 pub(crate) fn doubling(
     n: usize,
     me: usize,
@@ -331,33 +326,6 @@ pub(crate) fn doubling(
         } else {
             transfer(&mut [Xfer::recv(rank_of(me + 1), buf)])?;
         }
-    }
-    Ok(())
-}
-
-/// Ring reduce-scatter over `p` parts of `buf`, in place, around the ring
-/// of [`RingOrder`] (parts are numbered by ring position: the all-reduce's
-/// result does not depend on which rank reduced which part). At step s the
-/// rank at position r sends part `r - s` to the next rank and reduces part
-/// `r - s - 1` (mod p) received from the previous one; after p-1 steps it
-/// owns the fully reduced part `r + 1`, where the all-gather that follows
-/// starts.
-fn ring_reduce_scatter(
-    mesh: &TcpMesh,
-    cfg: &Config,
-    buf: &mut [u8],
-    dtype: DType,
-    op: ReduceOp,
-) -> Result<()> {
-    let (p, r) = (mesh.size(), RingOrder::new(mesh.size(), mesh.rank()).pos);
-    let esz = dtype.size();
-    let count = buf.len() / esz;
-    let mut ring = Ring::new(mesh, OP, dtype, op);
-    for s in 0..p - 1 {
-        let send = part_bytes(count, p, (r + p - s) % p, esz);
-        let recv = part_bytes(count, p, (r + 2 * p - s - 1) % p, esz);
-        let (out, dst) = split_ref_mut(buf, send, recv);
-        ring.step(mesh, cfg, out, dst, None)?;
     }
     Ok(())
 }
