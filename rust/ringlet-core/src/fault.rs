@@ -60,6 +60,11 @@ pub(crate) trait NoticeBoard: Send + Sync {
 
     /// Publishes that this rank (global `me`) shut the communicator down.
     fn leave(&self, me: usize);
+
+    /// The notice global rank `rank` published here (`Some(None)`: it is on
+    /// this board and has published none), or `None` when it is not on this
+    /// board.
+    fn notice_of(&self, rank: usize) -> Option<Option<(usize, Cause)>>;
 }
 
 #[derive(Default)]
@@ -76,6 +81,7 @@ struct Targets {
 #[derive(Default)]
 pub struct Tripwire {
     tripped: AtomicBool,
+    followed: AtomicBool,
     fault: Mutex<Option<Error>>,
     targets: Mutex<Targets>,
 }
@@ -126,15 +132,39 @@ impl Tripwire {
         }
     }
 
-    /// Replaces the recorded failure `old` by `new` (the same failure traced
-    /// further back, see `Communicator::follow_blame`); another recorded
-    /// failure is kept.
-    pub(crate) fn revise(&self, old: &Error, new: Error) {
-        if let Ok(mut f) = self.fault.lock() {
-            if f.as_ref() == Some(old) {
-                *f = Some(new);
+    /// Settles the recorded failure after `Communicator::follow_blame`
+    /// traced `old` back to `new` (global rank `culprit` with `cause`):
+    /// `old` is replaced by `new` (another recorded failure is kept), and a
+    /// wire holding `new` is marked followed, so that the other communicators
+    /// of the rank raise it without tracing it again. The shared-memory
+    /// notice is revised too: a peer that adopted the first verdict while its
+    /// culprit lay beyond its own communicator (a rank on another host of a
+    /// two-level collective) watches it for this.
+    pub(crate) fn settle(&self, old: &Error, new: &Error, culprit: usize, cause: Cause) {
+        let (revised, followed) = match self.fault.lock() {
+            Ok(mut f) if f.as_ref() == Some(old) && old != new => {
+                *f = Some(new.clone());
+                (true, true)
+            }
+            Ok(f) => (false, f.as_ref() == Some(new)),
+            Err(_) => (false, false),
+        };
+        if followed {
+            self.followed.store(true, Ordering::Release);
+        }
+        if revised {
+            if let Ok(t) = self.targets.lock() {
+                if let (false, Some(shm)) = (t.closed, &t.shm) {
+                    shm.publish(culprit, cause);
+                }
             }
         }
+    }
+
+    /// True once the recorded failure was traced to the end of its chain of
+    /// waits (here or by another communicator of the domain).
+    pub(crate) fn followed(&self) -> bool {
+        self.followed.load(Ordering::Acquire)
     }
 
     /// Records `fault` (the first one counts) and marks the wire tripped,
@@ -215,6 +245,41 @@ fn write_notice(fd: RawFd, notice: &[u8], patience: Duration) {
     }
 }
 
+impl Tripwire {
+    /// What global rank `rank` published on this wire's notice board (see
+    /// [`NoticeBoard::notice_of`]).
+    fn board_notice(&self, rank: usize) -> Option<Option<(usize, Cause)>> {
+        let t = self.targets.lock().ok()?;
+        t.shm.as_ref()?.notice_of(rank)
+    }
+}
+
+/// The notice global rank `rank` published on a shared-memory board this
+/// rank can read: `wire`'s own or that of another communicator of `domain`
+/// (the host level of a two-level collective). `None` when no board here
+/// holds `rank` (a notice on a stream cannot change; there is nothing to
+/// watch).
+pub(crate) fn board_notice(
+    wire: &Tripwire,
+    domain: u64,
+    rank: usize,
+) -> Option<Option<(usize, Cause)>> {
+    if let Some(n) = wire.board_notice(rank) {
+        return Some(n);
+    }
+    if domain == 0 {
+        return None;
+    }
+    let wires: Vec<Arc<Tripwire>> = DOMAINS
+        .lock()
+        .ok()?
+        .iter()
+        .filter(|(id, _)| *id == domain)
+        .filter_map(|(_, w)| w.upgrade())
+        .collect();
+    wires.iter().find_map(|w| w.board_notice(rank))
+}
+
 type Domains = Vec<(u64, Weak<Tripwire>)>;
 static DOMAINS: Mutex<Domains> = Mutex::new(Vec::new());
 
@@ -252,19 +317,21 @@ pub fn trip_domain(domain: u64, fault: &Error, culprit: usize, cause: Cause) {
     }
 }
 
-/// `Tripwire::revise` for every live communicator of `domain`.
-pub(crate) fn revise_domain(domain: u64, old: &Error, new: &Error) {
+/// `Tripwire::settle` for every live communicator of `domain`.
+pub(crate) fn settle_domain(domain: u64, old: &Error, new: &Error, culprit: usize, cause: Cause) {
     if domain == 0 {
         return;
     }
-    if let Ok(d) = DOMAINS.lock() {
-        for w in d
+    let wires: Vec<Arc<Tripwire>> = match DOMAINS.lock() {
+        Ok(d) => d
             .iter()
             .filter(|(id, _)| *id == domain)
             .filter_map(|(_, w)| w.upgrade())
-        {
-            w.revise(old, new.clone());
-        }
+            .collect(),
+        Err(_) => return,
+    };
+    for w in wires {
+        w.settle(old, new, culprit, cause);
     }
 }
 

@@ -2,7 +2,7 @@
 //! connects them, the operation sequence number, and the failure state.
 
 use crate::dtype::{DType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Cause, Error, Result};
 use crate::fault::{self, Tripwire};
 use crate::plan::Plan;
 use crate::transport::shm::ShmGroup;
@@ -10,7 +10,7 @@ use crate::transport::tcp::TcpMesh;
 use crate::transport::{OpDesc, OpKind, WaitPolicy};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Tunables of a communicator (the Python side fills them from `RINGLET_*`
 /// environment variables).
@@ -363,16 +363,42 @@ impl Communicator {
     /// the failure recorded (here and in the domain) becomes the rank the
     /// chain of waits ends at.
     fn follow_blame(&mut self, e: Error) -> Error {
+        if self.wire.followed() {
+            // another communicator of this rank traced it already
+            let f = self.wire.fault();
+            self.failure = Some(f.clone());
+            return f;
+        }
+        // a reporter's notice on a shared-memory board (this communicator's
+        // or, in a two-level collective, the host level's) may be revised
+        let (wire, domain) = (self.wire.clone(), self.cfg.domain);
+        let revised = |v: usize, said: (usize, Cause), until: Instant| loop {
+            match fault::board_notice(&wire, domain, v) {
+                None => return None,
+                Some(Some(now)) if now != said => return Some(now),
+                Some(_) => {}
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            let _ = crate::sys::poll(&mut [], Duration::from_millis(5));
+        };
         let end = match &self.link {
             Link::Local => return e,
-            Link::Tcp(mesh) => {
-                mesh.follow_blame(e.clone(), self.cfg.timeout, &self.cfg.name, self.op)
-            }
-            Link::Shm { shm, .. } => shm.follow_blame(e.clone(), &self.cfg.name, self.op),
+            Link::Tcp(mesh) => mesh.follow_blame(
+                e.clone(),
+                self.cfg.timeout,
+                &self.cfg.name,
+                self.op,
+                revised,
+            ),
+            Link::Shm { shm, .. } => shm.follow_blame(e.clone(), &self.cfg.name, self.op, revised),
         };
+        let me = self.global(self.rank);
+        let (culprit, cause) = end.origin(me).unwrap_or((me, Cause::Failed));
+        self.wire.settle(&e, &end, culprit, cause);
+        fault::settle_domain(self.cfg.domain, &e, &end, culprit, cause);
         if end != e {
-            self.wire.revise(&e, end.clone());
-            fault::revise_domain(self.cfg.domain, &e, &end);
             self.failure = Some(end.clone());
         }
         end

@@ -343,7 +343,16 @@ pub(crate) fn answer_blame_after(
 /// Rule 3: after this rank blamed a rank for a timeout (`e`, global ranks)
 /// and told its peers, waits up to the grace for the blamed rank's own
 /// notice (`await_notice(group rank, deadline)`) and, when it names another
-/// rank that timed out, follows on to that one.
+/// rank that timed out, follows on to that one. When the blamed rank does
+/// not answer here (no stream to it: a rank on another host of a two-level
+/// collective, reached through the host level) and its name came from a
+/// peer's notice, that peer may trace it further back and revise its notice
+/// on a board this rank reads (`revised(global rank of the reporter, what it
+/// said, deadline)`, `None` at once where nothing can change): until a
+/// little over a grace from the start (the reporter's own follow-up began
+/// before this rank read its notice and takes a grace at most) this rank
+/// adopts the revision.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn follow_blame(
     mut e: Error,
     rank: usize,
@@ -352,30 +361,41 @@ pub(crate) fn follow_blame(
     name: &str,
     call: &'static str,
     mut await_notice: impl FnMut(usize, Instant) -> Option<(usize, Cause)>,
+    mut revised: impl FnMut(usize, (usize, Cause), Instant) -> Option<(usize, Cause)>,
 ) -> Error {
     let me = members.get(rank).copied().unwrap_or(rank);
     // this rank timed out waiting itself, running all along (a rank that
     // was stopped meanwhile reads its peers' notices first): the chain
     // cannot end here, whatever a notice relayed by another says
     let first_hand = matches!(e, Error::Timeout { via: None, .. });
-    let deadline = Instant::now() + grace(timeout);
+    let start = Instant::now();
+    let deadline = start + grace(timeout);
+    let until = deadline + grace(timeout) / 4;
     let mut seen = vec![me];
     while let Some((culprit, Cause::TimedOut)) = e.origin(me) {
         if seen.contains(&culprit) {
             break;
         }
         seen.push(culprit);
-        let Some(x) = members.iter().position(|&g| g == culprit) else {
-            break;
-        };
-        match await_notice(x, deadline) {
+        let answer = members
+            .iter()
+            .position(|&g| g == culprit)
+            .and_then(|x| Some((x, await_notice(x, deadline)?)))
+            .or_else(|| {
+                let Error::Timeout { via: Some(v), .. } = e else {
+                    return None;
+                };
+                let x = members.iter().position(|&g| g == v)?;
+                Some((x, revised(v, (culprit, Cause::TimedOut), until)?))
+            });
+        match answer {
             // a notice that points back into the chain (not at this rank)
             // relays a verdict already on it: the rank that sent it only
             // read a notice meanwhile, as a rank that was stopped does,
             // and the chain ends at the rank reached last
-            Some((next, _)) if next != me && seen.contains(&next) => break,
-            Some((next, _)) if next == me && first_hand => break,
-            Some((next, cause)) if next != culprit => {
+            Some((_, (next, _))) if next != me && seen.contains(&next) => break,
+            Some((_, (next, _))) if next == me && first_hand => break,
+            Some((x, (next, cause))) if next != culprit => {
                 // the chain may end at this rank: it was stopped before
                 // its collective began, and reads first the notice of a
                 // rank that waited on the one that waited on it
@@ -419,14 +439,22 @@ mod tests {
                 asked.push(x);
                 Some((2, Cause::TimedOut))
             },
+            |_, _, _| None,
         );
         assert_eq!(asked, [3]);
         assert_eq!(blamed(end), (2, Some(3)));
         // a chain through other ranks is followed to its end
         let e = Error::timeout(0, 1, "all_reduce", timeout).globalize(&members, "w", "all_reduce");
-        let end = follow_blame(e, 0, &members, timeout, "w", "all_reduce", |x, _| {
-            (x == 1).then_some((2, Cause::TimedOut))
-        });
+        let end = follow_blame(
+            e,
+            0,
+            &members,
+            timeout,
+            "w",
+            "all_reduce",
+            |x, _| (x == 1).then_some((2, Cause::TimedOut)),
+            |_, _, _| None,
+        );
         assert_eq!(blamed(end), (2, Some(1)));
     }
 
@@ -487,6 +515,7 @@ mod tests {
             "w",
             "all_reduce",
             |_, _| Some((3, Cause::TimedOut)),
+            |_, _, _| None,
         );
         assert_eq!(blamed(end), (2, None));
     }
@@ -510,9 +539,52 @@ mod tests {
                 asked.push(x);
                 Some((if x == 3 { 2 } else { 3 }, Cause::TimedOut))
             },
+            |_, _, _| None,
         );
         assert_eq!(asked, [3, 2]);
         assert_eq!(blamed(end), (2, Some(3)));
+    }
+
+    #[test]
+    fn a_culprit_beyond_this_communicator_is_traced_through_the_reporter() {
+        // two hosts {0, 1} and {2, 3}: global rank 0 (local group [0, 1])
+        // read local rank 1's notice naming rank 3, on the other host; rank 1
+        // then traced it to rank 2 and revised its notice: rank 0 follows
+        let members = [0, 1];
+        let timeout = Duration::from_secs(2);
+        let e = Error::from_notice(0, 1, "all_reduce", 3, Cause::TimedOut).globalize(
+            &members,
+            "host",
+            "all_reduce",
+        );
+        let mut asked = vec![];
+        let end = follow_blame(
+            e.clone(),
+            0,
+            &members,
+            timeout,
+            "host",
+            "all_reduce",
+            |_, _| None,
+            |v, said, _| {
+                asked.push((v, said.0));
+                (said.0 == 3).then_some((2, Cause::TimedOut))
+            },
+        );
+        assert_eq!(asked, [(1, 3), (1, 2)]);
+        assert_eq!(blamed(end), (2, Some(1)));
+        // no revision within the wait: the reported culprit stands
+        let end = follow_blame(
+            e,
+            0,
+            &members,
+            timeout,
+            "host",
+            "all_reduce",
+            |_, _| None,
+            |_, _, _| None,
+        );
+        assert_eq!(blamed(end), (3, Some(1)));
     }
 
     #[test]

@@ -44,6 +44,8 @@ const STATE_LEFT: u32 = 2;
 pub struct Notifier {
     seg: Arc<Segment>,
     rank: usize,
+    /// Global rank of each group rank.
+    members: Vec<usize>,
 }
 
 impl NoticeBoard for Notifier {
@@ -64,6 +66,18 @@ impl NoticeBoard for Notifier {
             .state
             .compare_exchange(0, STATE_LEFT, Ordering::SeqCst, Ordering::SeqCst);
         sys::futex_wake_all(&c.counter);
+    }
+
+    fn notice_of(&self, rank: usize) -> Option<Option<(usize, Cause)>> {
+        let peer = self.members.iter().position(|&g| g == rank)?;
+        let c = self.seg.ctl(peer);
+        if c.state.load(Ordering::Acquire) != STATE_ABORTED {
+            return Some(None);
+        }
+        let culprit = c.notice_culprit.load(Ordering::SeqCst) as usize;
+        let cause =
+            Cause::from_code(c.notice_cause.load(Ordering::SeqCst)).unwrap_or(Cause::Failed);
+        Some(Some((culprit, cause)))
     }
 }
 
@@ -198,6 +212,7 @@ impl ShmGroup {
         wire.set_shm(Notifier {
             seg: seg.clone(),
             rank,
+            members: mesh.members(),
         });
         Ok(Some(ShmGroup {
             rank,
@@ -481,7 +496,13 @@ impl ShmGroup {
     }
 
     /// [`super::follow_blame`] over the control blocks.
-    pub(crate) fn follow_blame(&self, e: Error, name: &str, call: &'static str) -> Error {
+    pub(crate) fn follow_blame(
+        &self,
+        e: Error,
+        name: &str,
+        call: &'static str,
+        revised: impl FnMut(usize, (usize, Cause), Instant) -> Option<(usize, Cause)>,
+    ) -> Error {
         let timeout = self.policy.timeout;
         super::follow_blame(
             e,
@@ -501,6 +522,7 @@ impl ShmGroup {
                 }
                 let _ = sys::poll(&mut [], Duration::from_millis(5));
             },
+            revised,
         )
     }
 

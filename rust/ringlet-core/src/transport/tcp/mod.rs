@@ -101,13 +101,15 @@ impl TcpMesh {
         super::answer_blame(e, self.rank, self.global(self.rank), late, op, w)
     }
 
-    /// [`super::follow_blame`] over this mesh's streams.
+    /// [`super::follow_blame`] over this mesh's streams (`revised` watches
+    /// the boards a notice may be revised on: a stream's notice is final).
     pub(crate) fn follow_blame(
         &self,
         e: Error,
         timeout: Duration,
         name: &str,
         call: &'static str,
+        revised: impl FnMut(usize, (usize, Cause), Instant) -> Option<(usize, Cause)>,
     ) -> Error {
         super::follow_blame(
             e,
@@ -117,6 +119,7 @@ impl TcpMesh {
             name,
             call,
             |x, until| self.await_notice(x, until),
+            revised,
         )
     }
 
