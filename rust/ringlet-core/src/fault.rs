@@ -267,21 +267,28 @@ pub(crate) fn board_notice(
     if let Some(n) = wire.board_notice(rank) {
         return Some(n);
     }
-    if domain == 0 {
-        return None;
-    }
-    let wires: Vec<Arc<Tripwire>> = DOMAINS
-        .lock()
-        .ok()?
+    domain_wires(domain)
         .iter()
-        .filter(|(id, _)| *id == domain)
-        .filter_map(|(_, w)| w.upgrade())
-        .collect();
-    wires.iter().find_map(|w| w.board_notice(rank))
+        .find_map(|w| w.board_notice(rank))
 }
 
 type Domains = Vec<(u64, Weak<Tripwire>)>;
 static DOMAINS: Mutex<Domains> = Mutex::new(Vec::new());
+
+/// The live communicators' wires of `domain` (none for 0, no domain).
+fn domain_wires(domain: u64) -> Vec<Arc<Tripwire>> {
+    if domain == 0 {
+        return Vec::new();
+    }
+    match DOMAINS.lock() {
+        Ok(d) => d
+            .iter()
+            .filter(|(id, _)| *id == domain)
+            .filter_map(|(_, w)| w.upgrade())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
 
 /// Adds a communicator's wire to `domain` (0: none).
 pub(crate) fn register(domain: u64, wire: &Arc<Tripwire>) {
@@ -297,17 +304,7 @@ pub(crate) fn register(domain: u64, wire: &Arc<Tripwire>) {
 /// Trips every live communicator of `domain` with `fault` (a no-op for the
 /// ones already tripped).
 pub fn trip_domain(domain: u64, fault: &Error, culprit: usize, cause: Cause) {
-    if domain == 0 {
-        return;
-    }
-    let wires: Vec<Arc<Tripwire>> = match DOMAINS.lock() {
-        Ok(d) => d
-            .iter()
-            .filter(|(id, _)| *id == domain)
-            .filter_map(|(_, w)| w.upgrade())
-            .collect(),
-        Err(_) => return,
-    };
+    let wires = domain_wires(domain);
     // Every wire of the domain is tripped before any peer hears of it: a
     // peer's reaction must never reach one of this rank's waits first (it
     // would report the peer instead of this rank's own failure).
@@ -319,18 +316,7 @@ pub fn trip_domain(domain: u64, fault: &Error, culprit: usize, cause: Cause) {
 
 /// `Tripwire::settle` for every live communicator of `domain`.
 pub(crate) fn settle_domain(domain: u64, old: &Error, new: &Error, culprit: usize, cause: Cause) {
-    if domain == 0 {
-        return;
-    }
-    let wires: Vec<Arc<Tripwire>> = match DOMAINS.lock() {
-        Ok(d) => d
-            .iter()
-            .filter(|(id, _)| *id == domain)
-            .filter_map(|(_, w)| w.upgrade())
-            .collect(),
-        Err(_) => return,
-    };
-    for w in wires {
+    for w in domain_wires(domain) {
         w.settle(old, new, culprit, cause);
     }
 }
