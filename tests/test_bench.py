@@ -107,3 +107,20 @@ def test_bench_scale_reports_both_backends() -> None:
     assert min(before, exchange, first) >= 0, phases
     assert abs(before + exchange + first - total) <= 0.3, phases
     assert abs(total - 1e3 * float(ours[4])) <= 0.6, res.stdout
+
+
+def test_doors_table_subtracts_the_floor_measured_after_the_engine_call() -> None:
+    # torch's floor in the conditions of a real call is (group engine + floor) - group
+    # engine; the native door's net cost subtracts that, beside the back-to-back floor
+    from ringlet.bench import c10d
+
+    row = {"dtype": "float32", "bytes": 1 << 20, "ringlet op": 110.0, "engine call": 111.0,
+           "group engine": 106.0, "dist native": 121.0, "dist python": 123.0,
+           "torch floor": 4.0, "group engine + floor": 119.0, "deepspeed op": 150.0}
+    table = c10d._doors_table([row], 2)
+    last = table.splitlines()[-1].split(" | ")
+    # ratio, op - engine, native - engine, native - engine - floor, floor after, net after
+    assert last[-6:] == ["1.36x", "-1.00", "+10.00", "+6.00", "13.00", "+2.00 |"]
+    assert "floor after the engine call" in table
+    no_floor = {k: v for k, v in row.items() if k != "group engine + floor"}
+    assert c10d._doors_table([no_floor], 2).splitlines()[-1].endswith("| - | - |")

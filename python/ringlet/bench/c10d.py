@@ -121,7 +121,7 @@ def overhead(reps: int = 10000) -> dict[str, float]:
 
 DOOR_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 DOORS = ["deepspeed op", "ringlet op", "engine call", "group engine", "dist native",
-         "dist python", "torch floor"]
+         "dist python", "torch floor", "group engine + floor"]
 
 
 def _deepspeed_op() -> Optional[Callable[[torch.Tensor], Any]]:
@@ -161,9 +161,13 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
     ``ringlet.all_reduce(REDUCE_SUM, [t])``; ``ringlet op`` is
     ``torch.ops.ringlet.all_reduce_(t)``. With ``group`` (a ``"ringlet"``
     group made by ``new_group`` beside another default backend) the op names
-    it (``all_reduce_(t, "sum", group.group_name)``), ``dist native`` runs on
-    it, and ``group engine`` is the engine's call on that group's own
-    communicator."""
+    it (``all_reduce_(t, "sum", group.group_name)``) and ``dist native`` runs on
+    it. ``group engine`` is the engine's call on the communicator of the group
+    ``dist native`` runs on; ``group engine + floor`` is that call followed by
+    the no-op Backend's ``dist.all_reduce``, so that their difference is
+    torch's floor in the conditions of a real call (its wrapper runs right
+    after a collective's data went through the caches: at 1 MiB and up that
+    costs it several µs more than back to back on its own)."""
     from ringlet.distributed import _native
     from ringlet.distributed.c10d import ProcessGroupRinglet, backend_kind
 
@@ -213,15 +217,25 @@ def _door_calls(x: torch.Tensor, python_pg: Any, floor_pg: Any, native: bool,
     }
     if native:
         calls["dist native"] = lambda: dist.all_reduce(x, group=group)
-    if group is not None:
+    if group is not None or native:
         from ringlet.distributed.c10d import python_group
 
-        comm = python_group(group)._world()
+        comm = python_group(group if group is not None else dist.group.WORLD)._world()
         dt = str(x.dtype).removeprefix("torch.")
         ptr, nbytes = engine.span(x)
         calls["group engine"] = lambda: comm.all_reduce(ptr, nbytes, dt, "sum")
     if floor_pg is not None:
         calls["torch floor"] = lambda: dist.all_reduce(x, group=floor_pg)
+        if "group engine" in calls:
+            group_engine = calls["group engine"]
+
+            def engine_then_floor() -> None:
+                # torch's wrapper in the conditions of a real call: right after
+                # the collective's data went through the caches
+                group_engine()
+                dist.all_reduce(x, group=floor_pg)
+
+            calls["group engine + floor"] = engine_then_floor
     if ds is not None:
         calls["deepspeed op"] = lambda: ds(x)
     return calls
@@ -233,9 +247,10 @@ def _doors_table(rows: list[dict], n: int) -> str:
     cols = [d for d in DOORS if any(d in r for r in rows)]
     head = "| dtype | size | " + " | ".join(f"{c} µs" for c in cols)
     head += (" | op vs DeepSpeed | op - engine call | dist native - engine call "
-             "| dist native - engine call - floor |")
+             "| dist native - engine call - floor | floor after the engine call "
+             "| dist native - group engine - floor after |")
     lines = [f"all_reduce (sum, in place), world size {n}, median µs per call of alternating "
-             "blocks", "", head, "|---|---|" + "---:|" * (len(cols) + 4)]
+             "blocks", "", head, "|---|---|" + "---:|" * (len(cols) + 6)]
     for r in rows:
         cells = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
         ratio = (f"{r['deepspeed op'] / r['ringlet op']:.2f}x" if "deepspeed op" in r else "-")
@@ -243,8 +258,14 @@ def _doors_table(rows: list[dict], n: int) -> str:
         extra = (f"{r['dist native'] - r['engine call']:+.2f}" if "dist native" in r else "-")
         net = (f"{r['dist native'] - r['engine call'] - r['torch floor']:+.2f}"
                if "dist native" in r and "torch floor" in r else "-")
+        after, net_after = "-", "-"
+        if "group engine + floor" in r:
+            floor_after = r["group engine + floor"] - r["group engine"]
+            after = f"{floor_after:.2f}"
+            if "dist native" in r:
+                net_after = f"{r['dist native'] - r['group engine'] - floor_after:+.2f}"
         lines.append(f"| {r['dtype']} | {_fmt(r['bytes'])} | " + " | ".join(cells)
-                     + f" | {ratio} | {op} | {extra} | {net} |")
+                     + f" | {ratio} | {op} | {extra} | {net} | {after} | {net_after} |")
     return "\n".join(lines)
 
 
