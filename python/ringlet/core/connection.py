@@ -92,7 +92,7 @@ def engine_options(local_ranks: int = 1, crowded: bool = False) -> dict[str, Any
         # Unset: collectives never read peers' memory directly (the staged
         # path is faster here at every size; see DEFAULT_CMA_THRESHOLD in group.rs).
         "cma_threshold": env_int("RINGLET_CMA_THRESHOLD", (1 << 64) - 1),
-        "small_bytes": env_int("RINGLET_SMALL_BYTES", 2 << 10),
+        "small_bytes": env_int("RINGLET_SMALL_BYTES", 4 << 10),
         "spins": env_int("RINGLET_SPIN", _SPINS_DEDICATED if dedicated else _SPINS_SHARED),
         "spin_us": env_int("RINGLET_SPIN_US", _SPIN_US if dedicated else 0),
         "long_spin_us": env_int("RINGLET_LONG_SPIN_US", _LONG_SPIN_US if dedicated else 0),

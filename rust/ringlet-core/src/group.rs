@@ -76,7 +76,7 @@ impl Default for Config {
             slot_bytes: DEFAULT_SLOT_BYTES,
             cma: true,
             cma_threshold: DEFAULT_CMA_THRESHOLD,
-            small_bytes: 2 << 10,
+            small_bytes: 4 << 10,
             spins: 2000,
             spin_for: crate::transport::DEFAULT_SPIN_FOR,
             long_spin_for: crate::transport::DEFAULT_LONG_SPIN_FOR,

@@ -2,7 +2,7 @@
 //! reduction of every rank's buffer, bit-identical on all ranks.
 //!
 //! Shared memory, three paths by size:
-//! * small (<= `small_bytes`, 2 KiB by default): each rank copies its buffer
+//! * small (<= `small_bytes`, 4 KiB by default): each rank copies its buffer
 //!   into its slot, one phase, then every rank reduces all slots in rank
 //!   order into its buffer. One synchronisation per call.
 //! * staged (above `small_bytes`, below `cma_threshold`): pieces of half a slot. Per
@@ -16,7 +16,12 @@
 //!   half ([`ShmGroup::next_window`]); with that, this path beats the small
 //!   one from 4 KiB on 2 ranks (fp32, µs: 4 KiB 2.3 vs 2.5, 16 KiB 3.5 vs
 //!   4.1, 64 KiB 7.5 vs 10.4), which is why `small_bytes` fell from 64 KiB
-//!   to 2 KiB.
+//!   to 2 KiB. Measured again in this VM's slow placement (2026-12-02,
+//!   `bench c10d --what doors`, 2 ranks, three alternating runs each), the
+//!   one-phase path wins at 4 KiB (engine call 1.36-1.40 vs 1.63-1.70 µs,
+//!   float32; bfloat16 1.59-1.67 vs 1.76-1.83), ties at 8 KiB and loses at
+//!   16 KiB (3.4 vs 3.0), while in the fast placement the two were within
+//!   0.05 µs at 4 KiB: `small_bytes` is 4 KiB.
 //! * single-copy (from `cma_threshold`, off by default: the staged path is
 //!   faster on the machines measured, see `group::DEFAULT_CMA_THRESHOLD`):
 //!   rank r owns part r. In pieces
