@@ -220,6 +220,11 @@ impl TcpMesh {
     /// one more grace for the partner's notice and, when it names another
     /// rank, reports that one, as the partner's peers do, so that the
     /// verdict this rank tells its own peers is the end of the chain.
+    /// Meanwhile ranks that waited on this one (past the agreement, for its
+    /// data) may give up and blame it: such a notice is answered at once
+    /// with this rank's own verdict (rule 2), so that they learn of it
+    /// within their own wait for this rank's answer; a notice naming
+    /// another rank is taken as it is.
     pub(super) fn chained(
         &self,
         e: Error,
@@ -233,11 +238,37 @@ impl TcpMesh {
             return e;
         }
         let me = self.global(self.rank);
-        match self.await_notice(peer, Instant::now() + grace(timeout)) {
-            Some((culprit, cause)) if culprit != me => {
-                Error::from_notice(self.rank, peer, what, culprit, cause)
+        let deadline = Instant::now() + grace(timeout);
+        let mut w = Waiting::new(timeout);
+        w.since = Instant::now() - timeout;
+        w.stalled = self.stalled.get();
+        loop {
+            let slice = (Instant::now() + Duration::from_millis(5)).min(deadline);
+            match self.read_to_end(peer, slice) {
+                Ok(false) => {}
+                Ok(true) | Err(_) => {
+                    return match decode_notice(&self.tails[peer].get()) {
+                        Some((culprit, cause)) if culprit != me => {
+                            Error::from_notice(self.rank, peer, what, culprit, cause)
+                        }
+                        _ => e,
+                    };
+                }
             }
-            _ => e,
+            let (peers, mut fds) = self.hangup_pollfds();
+            if sys::poll(&mut fds, Duration::ZERO).is_ok() {
+                let gave_up = fds
+                    .iter()
+                    .zip(&peers)
+                    .find(|(p, &q)| q != peer && p.revents & HANGUP != 0);
+                if let Some((_, &q)) = gave_up {
+                    let theirs = self.drain_error(q, what);
+                    return self.answer_blame(theirs, peer, what, &w);
+                }
+            }
+            if Instant::now() >= deadline {
+                return e;
+            }
         }
     }
 
