@@ -585,13 +585,14 @@ def test_dead_peer_fails_the_work_naming_it() -> None:
         assert "rank 2" in out[r], out[r]
 
 
-def _absent_rank_job(rank: int, world: int, port: int, gate: Any) -> dict:
+def _absent_rank_job(rank: int, world: int, ports: list, gate: Any) -> dict:
     """Rank 2 never calls init_process_group (it stays alive, at the gate):
     ranks 0 and 1 call it with a 2 s timeout, on ringlet then on gloo."""
     import time
 
     seen: dict = {}
-    for backend in ("ringlet", "gloo"):
+    # a free port each (port + 1 may be another socket's: an ephemeral source port)
+    for backend, port in zip(("ringlet", "gloo"), ports):
         store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timedelta(seconds=60),
                               wait_for_workers=False)
         if rank < 2:
@@ -606,7 +607,6 @@ def _absent_rank_job(rank: int, world: int, port: int, gate: Any) -> dict:
                                  str(e).split("Exception raised from")[0])
         gate.wait()  # rank 0 serves the store until every rank is done with it
         del store
-        port += 1
     return seen
 
 
@@ -617,7 +617,10 @@ def test_default_group_meets_its_peers_in_init_process_group() -> None:
     import torch.multiprocessing as mp
 
     gate = mp.get_context("spawn").Barrier(3)
-    out = launch(3, _absent_rank_job, free_port(), gate, init=False, timeout=120)
+    ports = [free_port(), free_port()]
+    while ports[1] == ports[0]:
+        ports[1] = free_port()
+    out = launch(3, _absent_rank_job, ports, gate, init=False, timeout=120)
     for r in (0, 1):
         ok, took, msg = out[r]["ringlet"]
         # rank 0 waits its full timeout for the records; rank 1 hears its

@@ -625,9 +625,10 @@ def _autograd_collectives(rank: int, world: int) -> list[torch.Tensor]:
     return [*out, y.detach(), x.grad]
 
 
-def _deep_job(rank: int, world: int, port: int, tmp: str) -> str:
+def _deep_job(rank: int, world: int, ports: list, tmp: str) -> str:
     results: dict[str, dict[str, list[torch.Tensor]]] = {}
-    for backend in ("ringlet", "gloo"):
+    # a free port each (port + 1 may be another socket's: an ephemeral source port)
+    for backend, port in zip(("ringlet", "gloo"), ports):
         _init(backend, rank, world, port)
         r = results[backend] = {}
         r["dtensor"] = _dtensor_deep(rank, world)
@@ -637,7 +638,6 @@ def _deep_job(rank: int, world: int, port: int, tmp: str) -> str:
         r["ddp"] = _ddp_deep(rank, world, backend)
         r["autograd"] = _autograd_collectives(rank, world)
         dist.destroy_process_group()
-        port += 1
     for key, ours in results["ringlet"].items():
         theirs = results["gloo"][key]
         assert len(ours) == len(theirs), key
@@ -649,7 +649,10 @@ def _deep_job(rank: int, world: int, port: int, tmp: str) -> str:
 
 def test_torch_stack_deeper_on_ringlet_equals_gloo() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        out = launch(4, _deep_job, free_port(), tmp, init=False, timeout=300)
+        ports = [free_port(), free_port()]
+        while ports[1] == ports[0]:
+            ports[1] = free_port()
+        out = launch(4, _deep_job, ports, tmp, init=False, timeout=300)
     assert set(out.values()) == {"ok"}
 
 
