@@ -15,12 +15,14 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import functools
 import os
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Callable, Optional, TypeVar
 
@@ -317,6 +319,8 @@ class _Completions:
         self._cv = threading.Condition()
         self._tasks: collections.deque[Callable[[], None]] = collections.deque()
         self._free = 0  # threads waiting for a task and not yet claimed
+        self._threads: list[threading.Thread] = []
+        self._closing = False
 
     def submit(self, task: Callable[[], None]) -> None:
         with self._cv:
@@ -325,12 +329,32 @@ class _Completions:
                 self._free -= 1
                 self._cv.notify()
                 return
-        threading.Thread(target=self._serve, name="ringlet-completions", daemon=True).start()
+            thread = threading.Thread(target=self._serve, name="ringlet-completions",
+                                      daemon=True)
+            self._threads.append(thread)
+        thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """At interpreter exit: lets the threads finish the completions queued
+        and stop. A daemon thread still completing a future while the
+        interpreter finalizes is killed as it re-takes the GIL inside torch's
+        C++ future code, which aborts the process ("terminate called without
+        an active exception")."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+            threads = list(self._threads)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _serve(self) -> None:
         while True:
             with self._cv:
                 while not self._tasks:
+                    if self._closing:
+                        return
                     self._free += 1
                     self._cv.wait()
                 task = self._tasks.popleft()
@@ -341,6 +365,7 @@ class _Completions:
 
 
 _COMPLETIONS = _Completions()
+atexit.register(_COMPLETIONS.close)
 
 # A finished Work returned by synchronous calls.
 _DONE = Work(None, [], 0.0)
