@@ -240,7 +240,9 @@ impl TcpMesh {
         let me = self.global(self.rank);
         let deadline = Instant::now() + grace(timeout);
         let mut w = Waiting::new(timeout);
-        w.since = Instant::now() - timeout;
+        // it waited `timeout` already (an Instant that early may not exist
+        // on a machine up for less than that: then it counts from now)
+        w.since = Instant::now().checked_sub(timeout).unwrap_or(w.since);
         w.stalled = self.stalled.get();
         loop {
             let slice = (Instant::now() + Duration::from_millis(5)).min(deadline);
