@@ -695,17 +695,19 @@ class ShardedTensor(ShardedBase):
         local_shape = list(self.local_shape)
         local_shape[dim] = length
 
+        def narrowed(data: Optional[torch.Tensor], **extra: Any) -> ShardedTensor:
+            """This piece with the narrowed shapes and offset, holding ``data``."""
+            return replace(
+                self,
+                data=data,
+                local_shape=tuple(local_shape),
+                global_shape=global_shape,
+                global_offset=global_offset,
+                **extra,
+            )
+
         if self.flattened_range is None:
-            data = None if self.data is None else self.data.narrow(dim, start, length)
-            return [
-                replace(
-                    self,
-                    data=data,
-                    local_shape=tuple(local_shape),
-                    global_shape=global_shape,
-                    global_offset=global_offset,
-                )
-            ]
+            return [narrowed(None if self.data is None else self.data.narrow(dim, start, length))]
 
         if dim != 0:
             raise CheckpointingException(
@@ -720,16 +722,7 @@ class ShardedTensor(ShardedBase):
         data = None
         if self.data is not None:
             data = self.data[lo - self.flattened_range.start : hi - self.flattened_range.start]
-        return [
-            replace(
-                self,
-                data=data,
-                local_shape=tuple(local_shape),
-                global_shape=global_shape,
-                global_offset=global_offset,
-                flattened_range=slice(lo - keep_start, hi - keep_start),
-            )
-        ]
+        return [narrowed(data, flattened_range=slice(lo - keep_start, hi - keep_start))]
 
 
 def is_main_replica(replica_id: ReplicaId) -> bool:

@@ -507,18 +507,9 @@ class XLAShardedTensor:
         """
         return self._global_shape
 
-    @property
-    def shape(self) -> torch.Size:
-        """Same as :attr:`global_shape`, as for torch_xla's sharded tensors.
-
-        Returns:
-            torch.Size: the global shape.
-
-        Example:
-            >>> st.shape
-            torch.Size([7, 5])
-        """
-        return self._global_shape
+    shape = global_shape
+    """Same as :attr:`global_shape`, as for torch_xla's sharded tensors
+    (``st.shape == st.global_shape``)."""
 
     @property
     def dtype(self) -> torch.dtype:
