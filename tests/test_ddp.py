@@ -103,7 +103,7 @@ def ddp_ranks(rank: int, world: int, gloo_port: int) -> list[list[float]]:
         torch.testing.assert_close(g, t, rtol=1e-5, atol=1e-6, msg=f"{n} vs torch DDP")
 
     # the tensor API sees the model's parameters by module name
-    m = ringlet.bagua.tensor.get_module(mine.ringlet_module_name)
+    m = ringlet.parallel.tensor.get_module(mine.ringlet_module_name)
     assert [t.ringlet_tensor_name for t in m.tensors()] == names
     return [p.flatten()[:3].tolist() for p in got]
 
@@ -170,7 +170,7 @@ def test_ddp_needs_init_and_a_positive_cap() -> None:
         assert {"1.bias", "1.weight"} <= seen[0], seen
         assert not overlapped._marked  # the round finished
     finally:
-        ringlet.bagua.tensor.close_modules()
+        ringlet.parallel.tensor.close_modules()
         ringlet.shutdown()
 
 
@@ -236,20 +236,20 @@ def comm_hook_ranks(rank: int, world: int, gloo_port: int) -> list[float]:
         hooked = torch.nn.parallel.DistributedDataParallel(
             copy.deepcopy(reference), bucket_cap_mb=0.002
         )
-        state = ringlet.bagua.comm_hooks.AllReduceState()
-        hooked.register_comm_hook(state, ringlet.bagua.comm_hooks.allreduce_hook)
+        state = ringlet.parallel.comm_hooks.AllReduceState()
+        hooked.register_comm_hook(state, ringlet.parallel.comm_hooks.allreduce_hook)
         ours = train(hooked, rank, world, sharded=True)
         single = train(copy.deepcopy(reference), rank, world, sharded=False)
         for g, t, s in zip(ours, theirs, single):
             torch.testing.assert_close(g, t, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(g, s, rtol=1e-5, atol=1e-6)
         # the default (shared) state, and average=False giving sums
-        summed = ringlet.bagua.comm_hooks.AllReduceState(average=False)
+        summed = ringlet.parallel.comm_hooks.AllReduceState(average=False)
         buf = torch.full((5,), float(rank + 1))
         assert summed.submit(buf).wait() is buf
         assert buf.tolist() == [world * (world + 1) / 2] * 5
         solo = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(reference))
-        solo.register_comm_hook(None, ringlet.bagua.comm_hooks.allreduce_hook)
+        solo.register_comm_hook(None, ringlet.parallel.comm_hooks.allreduce_hook)
         x, y = batch(0, 0, world)
         torch.nn.functional.mse_loss(solo(local(x, rank)), local(y, rank)).backward()
         want = copy.deepcopy(reference)

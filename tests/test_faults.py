@@ -43,13 +43,14 @@ def _entry_points() -> dict[str, object]:
         "all_gather_bucketized": lambda: ringlet.all_gather_bucketized([x]),
         "reduce_scatter_bucketized": lambda: ringlet.reduce_scatter_bucketized(
             ringlet.REDUCE_SUM, [x], 1.0, 0, 2),
-        "comm hook state": lambda: ringlet.bagua.comm_hooks.AllReduceState(),
+        "comm hook state": lambda: ringlet.parallel.comm_hooks.AllReduceState(),
         "ops.all_reduce": lambda: torch.ops.ringlet.all_reduce(x),
         "ops.all_gather": lambda: torch.ops.ringlet.all_gather(x, 0),
         "ops.reduce_scatter": lambda: torch.ops.ringlet.reduce_scatter(x),
         "ops.broadcast": lambda: torch.ops.ringlet.broadcast(x, 0),
         "ops.all_to_all": lambda: torch.ops.ringlet.all_to_all(x, 0, 0),
-        "tensor API set_all_reduce": lambda: ringlet.bagua.tensor.get_module("w1").set_all_reduce(),
+        "tensor API set_all_reduce": (
+            lambda: ringlet.parallel.tensor.get_module("w1").set_all_reduce()),
         "DistributedDataParallel": lambda: ringlet.DistributedDataParallel(torch.nn.Linear(2, 2)),
         "world_size": ringlet.world_size,
         "get_ordinal": ringlet.get_ordinal,
@@ -142,7 +143,7 @@ def _workload(scenario: str, rank: int, world: int) -> object:
         return step
     if scenario == "bucket":
         ts = [torch.ones(1 << 16).ensure_ringlet_tensor(f"b{i}", "faults") for i in range(3)]
-        m = ringlet.bagua.tensor.get_module("faults")
+        m = ringlet.parallel.tensor.get_module("faults")
         m.set_buckets([[t] for t in ts])
         m.set_all_reduce(average=False)
 
@@ -206,7 +207,7 @@ def _die_and_recover(
     if replacement is not None:
         assert replacement.wait(timeout=60) == 0
     if scenario == "bucket":
-        ringlet.bagua.tensor.close_modules()
+        ringlet.parallel.tensor.close_modules()
     out["leaked_fds"] = _fds() - fds
     out["leaked_threads"] = threading.active_count() - threads
     return out

@@ -26,9 +26,12 @@ OLD_PATHS = {
     "ringlet._native": "ringlet.distributed._native",
     "ringlet.runtime": "ringlet.core.groups",
     "ringlet._engine": "ringlet.core.engine",
-    "ringlet.tensor": "ringlet.bagua.tensor",
-    "ringlet.ddp": "ringlet.bagua.ddp",
-    "ringlet.comm_hooks": "ringlet.bagua.comm_hooks",
+    "ringlet.tensor": "ringlet.parallel.tensor",
+    "ringlet.ddp": "ringlet.parallel.ddp",
+    "ringlet.comm_hooks": "ringlet.parallel.comm_hooks",
+    "ringlet.bagua.tensor": "ringlet.parallel.tensor",
+    "ringlet.bagua.ddp": "ringlet.parallel.ddp",
+    "ringlet.bagua.comm_hooks": "ringlet.parallel.comm_hooks",
     "ringlet.compat.bagua": "ringlet.bagua.compat",
     "ringlet.soak": "ringlet.bench.soak",
     "ringlet.torchft": "ringlet.distributed.torchft",
@@ -126,9 +129,17 @@ def test_lower_layers_do_not_import_doors() -> None:
                            "ringlet.checkpoint.integration", "ringlet.xla.mesh"}
     doors = ("ringlet.xla.sharded_tensor", "ringlet.xla.sharding", "ringlet.distributed",
              "ringlet.bagua", "ringlet.rpc", "ringlet.ops")
-    for low in core:
-        bad = sorted(m for m in graph[low] if m.startswith(doors))
-        assert not bad, f"{low} imports {bad}"
+    # ringlet.parallel (ringlet's own tensor API, DDP and DDP hooks) is a layer of its own
+    # between the two: over the core, under the doors (Bagua's look-alike is built on it).
+    parallel = {m for m in graph if m == "ringlet.parallel" or m.startswith("ringlet.parallel.")}
+    assert {"ringlet.parallel.tensor", "ringlet.parallel.ddp",
+            "ringlet.parallel.comm_hooks"} <= parallel
+    layers = [(core, (*doors, "ringlet.parallel")), (parallel, doors)]
+    for low_layer, above in layers:
+        for low in low_layer:
+            bad = sorted(m for m in graph[low] if m.startswith(above))
+            assert not bad, f"{low} imports {bad}"
+    assert "ringlet.parallel.tensor" in graph["ringlet.bagua.bucket"]  # the door uses it
 
 
 def _sub_package(name: str) -> str:
@@ -300,6 +311,81 @@ def test_old_paths_in_a_fresh_process(tmp_path: pathlib.Path) -> None:
         "(the old path goes away in ringlet 0.3)"
         for old, line in zip(olds, line_of)
     ]
+
+
+def test_old_bagua_paths_in_a_fresh_process(tmp_path: pathlib.Path) -> None:
+    # ringlet's own tensor API, DDP and hooks left ringlet.bagua for ringlet.parallel: the
+    # old paths, imported every way first thing in a new interpreter, are the new modules
+    # and warn once each at the importing line; ringlet.bagua.DistributedDataParallel too.
+    script = tmp_path / "old_bagua_paths.py"
+    script.write_text("\n".join([
+        "import sys, warnings",
+        "with warnings.catch_warnings(record=True) as caught:",
+        "    warnings.simplefilter('always')",
+        "    from ringlet.bagua.tensor import get_module, TensorModule",
+        "    import ringlet.bagua.ddp",
+        "    from ringlet.bagua import comm_hooks",
+        "    import ringlet.bagua, ringlet.bagua.tensor, ringlet.bagua.ddp",
+        "    ringlet.bagua.DistributedDataParallel, ringlet.bagua.tensor, ringlet.bagua.comm_hooks",
+        "    from ringlet.bagua import DistributedDataParallel, tensor, ddp",
+        "    from ringlet.bagua.comm_hooks import allreduce_hook",
+        "    import ringlet.bagua.compat",
+        "import ringlet.parallel as new",
+        "assert get_module is new.tensor.get_module and TensorModule is new.tensor.TensorModule",
+        "assert ringlet.bagua.ddp is new.ddp is ddp is sys.modules['ringlet.bagua.ddp']",
+        "assert comm_hooks is new.comm_hooks is ringlet.bagua.comm_hooks",
+        "assert tensor is new.tensor is ringlet.bagua.tensor",
+        "assert tensor is sys.modules['ringlet.bagua.tensor']",
+        "assert DistributedDataParallel is new.DistributedDataParallel",
+        "assert DistributedDataParallel is ringlet.DistributedDataParallel",
+        "assert allreduce_hook is new.comm_hooks.allreduce_hook",
+        "for w in caught:",
+        "    print(w.category.__name__, w.filename == __file__, w.lineno, w.message)",
+    ]))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    olds = [("ringlet.bagua.tensor", 4), ("ringlet.bagua.ddp", 5),
+            ("ringlet.bagua.comm_hooks", 6), ("ringlet.bagua.DistributedDataParallel", 8)]
+    assert out.stdout.strip().splitlines() == [
+        f"DeprecationWarning True {line} {old} is deprecated: import "
+        f"{old.replace('bagua', 'parallel')} (the old path goes away in ringlet 0.3)"
+        for old, line in olds
+    ]
+
+
+def test_old_bagua_name_warns_once_in_process() -> None:
+    # The one old name that is not a module, through ringlet._legacy's LEGACY_NAMES.
+    import ringlet.bagua
+    from ringlet import _legacy
+
+    assert _legacy.LEGACY_NAMES == {
+        "ringlet.bagua.DistributedDataParallel": "ringlet.parallel.DistributedDataParallel"}
+    _legacy._warned.pop("ringlet.bagua.DistributedDataParallel", None)
+    with pytest.warns(DeprecationWarning) as record:
+        assert ringlet.bagua.DistributedDataParallel is ringlet.parallel.DistributedDataParallel
+        assert ringlet.bagua.DistributedDataParallel is ringlet.DistributedDataParallel
+    assert [str(w.message) for w in record] == [
+        "ringlet.bagua.DistributedDataParallel is deprecated: import "
+        "ringlet.parallel.DistributedDataParallel (the old path goes away in ringlet 0.3)"]
+    assert record[0].filename == __file__
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        ringlet.bagua.no_such_name  # noqa: B018
+
+
+def test_bagua_look_alike_imports_without_warnings() -> None:
+    # Users of Bagua's look-alike see no deprecation warning: ringlet.bagua and
+    # ringlet.bagua.compat import cleanly (warnings as errors) in a new interpreter, and
+    # install the torch.Tensor methods (ringlet_ names; bagua_ names with compat).
+    for module, method in [("ringlet.bagua", "ringlet_ensure_grad"),
+                           ("ringlet.bagua.compat", "bagua_ensure_grad")]:
+        code = (f"import torch, {module} as m\n"
+                f"assert callable(torch.Tensor.{method})\n"
+                "assert torch.zeros(1).ensure_ringlet_tensor('t').is_ringlet_tensor()\n"
+                "m.algorithms, m.communication, m.data_parallel, m.env, m.utils\n")
+        out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, (module, out.stderr)
 
 
 def test_sharding_keeps_every_name_it_had() -> None:

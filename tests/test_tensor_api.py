@@ -1,4 +1,4 @@
-"""The Bagua-style tensor API (``ringlet.bagua.tensor``): proxies and closures,
+"""The Bagua-style tensor API (``ringlet.parallel.tensor``): proxies and closures,
 storage aliasing, buckets, ready-marking order, the worker's errors, bucket
 all-reduce across real processes, the ``ringlet.bagua.compat`` names, and the
 CUDA path (event sync, staging through host memory) where CUDA exists."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ringlet
-from ringlet.bagua.tensor import TensorModule, _stage, get_module
+from ringlet.parallel.tensor import TensorModule, _stage, get_module
 
 from conftest import launch
 
@@ -598,4 +598,4 @@ def test_module_objects_are_per_name() -> None:
     assert get_module(name) is get_module(name)
     assert isinstance(get_module(name), TensorModule)
     get_module(name).close()
-    assert not ringlet.bagua.tensor.get_module(name).tensors()
+    assert not ringlet.parallel.tensor.get_module(name).tensors()

@@ -4,8 +4,10 @@ A Rust engine (shared memory within a host, TCP between hosts) behind five
 front doors, one sub-package each over the shared core (:mod:`ringlet.core`,
 the engine adapter and the job's groups; ``errors``): :mod:`ringlet.xla`
 (torch_xla's collectives, SPMD sharding), :mod:`ringlet.distributed`
-(``init_process_group("ringlet")``), :mod:`ringlet.bagua` (tensor API, DDP),
-:mod:`ringlet.rpc`, :mod:`ringlet.checkpoint`; plus ``torch.ops.ringlet`` (:mod:`ringlet.ops`).
+(``init_process_group("ringlet")``), :mod:`ringlet.bagua` (Bagua's look-alike:
+its algorithms and names), :mod:`ringlet.rpc`, :mod:`ringlet.checkpoint`; plus
+:mod:`ringlet.parallel` (ringlet's own tensor API, DDP and DDP hooks) and
+``torch.ops.ringlet`` (:mod:`ringlet.ops`).
 The torch_xla-style collectives are also exported here. Launch with
 ``torchrun`` and call :func:`init`.
 
@@ -17,8 +19,7 @@ Example:
 
 from typing import Any
 
-from . import _core, _legacy, bagua, distributed, errors, ops, xla
-from .bagua.ddp import DistributedDataParallel
+from . import _core, _legacy, bagua, distributed, errors, ops, parallel, xla
 from .core.groups import (
     abort,
     get_local_ordinal,
@@ -33,6 +34,7 @@ from .core.groups import (
     world_size,
 )
 from .errors import *  # noqa: F403 (its __all__: the exception types)
+from .parallel.ddp import DistributedDataParallel
 from .xla.xla_model import *  # noqa: F403 (its __all__: torch_xla's collectives)
 from .xla.xla_model import (
     ToXlaTensorArena,
@@ -57,7 +59,7 @@ __version__ = _core.__version__
 distributed.c10d.register()  # init_process_group("ringlet")
 
 # The modules' import paths from before the door sub-packages (ringlet.c10d,
-# ringlet.sharding, ringlet.tensor, ...): one table in ringlet._legacy, each the
+# ringlet.sharding, ringlet.bagua.tensor, ...): one table in ringlet._legacy, each the
 # home module itself, with a DeprecationWarning naming the new path.
 _legacy.install()
 
@@ -74,6 +76,7 @@ __all__ = [
     "distributed",
     "xla",
     "ops",
+    "parallel",
     "DistributedDataParallel",
     "ToXlaTensorArena",
     "check_view_sharing",

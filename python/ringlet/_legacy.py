@@ -1,8 +1,10 @@
 """The package's earlier import paths, kept working for one more release.
 
 Before the door sub-packages, ringlet's modules lived at the package top
-(``ringlet.c10d``, ``ringlet.sharding``, ``ringlet.tensor``, ...). Those paths
-are not files any more: :data:`LEGACY_PATHS` maps each to its home, and a
+(``ringlet.c10d``, ``ringlet.sharding``, ``ringlet.tensor``, ...), and ringlet's
+own tensor API, DDP and DDP hooks in the Bagua door (``ringlet.bagua.tensor``,
+``ringlet.bagua.ddp``, ``ringlet.bagua.comm_hooks``; now :mod:`ringlet.parallel`).
+Those paths are not files any more: :data:`LEGACY_PATHS` maps each to its home, and a
 ``sys.meta_path`` finder (installed by ``import ringlet``) answers an import of
 an old path with the home module itself (``import ringlet.c10d`` binds
 :mod:`ringlet.distributed.c10d`; ``ringlet.c10d is ringlet.distributed.c10d``,
@@ -37,16 +39,25 @@ LEGACY_PATHS: dict[str, str] = {
     "ringlet._engine": "ringlet.core.engine",
     "ringlet._native": "ringlet.distributed._native",
     "ringlet.c10d": "ringlet.distributed.c10d",
+    "ringlet.bagua.comm_hooks": "ringlet.parallel.comm_hooks",
+    "ringlet.bagua.ddp": "ringlet.parallel.ddp",
+    "ringlet.bagua.tensor": "ringlet.parallel.tensor",
     "ringlet.collectives": "ringlet.xla.xla_model",
-    "ringlet.comm_hooks": "ringlet.bagua.comm_hooks",
+    "ringlet.comm_hooks": "ringlet.parallel.comm_hooks",
     "ringlet.compat.bagua": "ringlet.bagua.compat",
-    "ringlet.ddp": "ringlet.bagua.ddp",
+    "ringlet.ddp": "ringlet.parallel.ddp",
     "ringlet.runtime": "ringlet.core.groups",
     "ringlet.sharded_tensor": "ringlet.xla.sharded_tensor",
     "ringlet.sharding": "ringlet.xla.sharding",
     "ringlet.soak": "ringlet.bench.soak",
-    "ringlet.tensor": "ringlet.bagua.tensor",
+    "ringlet.tensor": "ringlet.parallel.tensor",
     "ringlet.torchft": "ringlet.distributed.torchft",
+}
+
+# Old place of a name that is not a module -> its home (``package.name``), for the
+# packages' module ``__getattr__`` (see :func:`attribute`).
+LEGACY_NAMES: dict[str, str] = {
+    "ringlet.bagua.DistributedDataParallel": "ringlet.parallel.DistributedDataParallel",
 }
 
 #: The release in which the old paths go away.
@@ -64,6 +75,7 @@ _SKIPPED_FILES = frozenset(
     os.path.normcase(os.path.abspath(f))
     for f in (__file__, os.path.join(os.path.dirname(__file__), "__init__.py"),
               os.path.join(os.path.dirname(__file__), "compat", "__init__.py"),
+              os.path.join(os.path.dirname(__file__), "bagua", "__init__.py"),
               importlib.__file__ or "")
 )
 
@@ -97,16 +109,17 @@ def message(old: str) -> str:
     """The deprecation message for an old import path.
 
     Args:
-      old (str): An old path (a key of :data:`LEGACY_PATHS` or a sub-module of one).
+      old (str): An old path (a key of :data:`LEGACY_PATHS` or a sub-module of one,
+        or a key of :data:`LEGACY_NAMES`).
 
     Returns:
       str: ``"<old> is deprecated: import <new> (the old path goes away in ringlet 0.3)"``.
 
     Example:
       >>> message("ringlet.tensor")
-      'ringlet.tensor is deprecated: import ringlet.bagua.tensor (the old path goes away in ringlet 0.3)'
+      'ringlet.tensor is deprecated: import ringlet.parallel.tensor (the old path goes away in ringlet 0.3)'
     """  # noqa: E501
-    return (f"{old} is deprecated: import {new_path(old)} "
+    return (f"{old} is deprecated: import {new_path(old) or LEGACY_NAMES.get(old)} "
             f"(the old path goes away in ringlet {REMOVED_IN})")
 
 
@@ -192,14 +205,16 @@ def _run_as_main(old: str) -> None:
 
 def attribute(package: str, name: str) -> Any:
     """A package's module ``__getattr__`` for its old sub-module names:
-    ``ringlet.c10d`` without ``import ringlet.c10d`` imports the old path (warning).
+    ``ringlet.c10d`` without ``import ringlet.c10d`` imports the old path (warning);
+    and for the names it held before (:data:`LEGACY_NAMES`,
+    ``ringlet.bagua.DistributedDataParallel``): their home, warning once.
 
     Args:
-      package (str): The package (``"ringlet"``, ``"ringlet.compat"``).
+      package (str): The package (``"ringlet"``, ``"ringlet.compat"``, ``"ringlet.bagua"``).
       name (str): The attribute asked for.
 
     Returns:
-      Any: The home module of ``package.name``.
+      Any: The home module of ``package.name``, or the name's home object.
 
     Raises:
       AttributeError: ``package.name`` is not an old path (or its home cannot be
@@ -210,6 +225,11 @@ def attribute(package: str, name: str) -> Any:
       True
     """
     old = f"{package}.{name}"
+    if old in LEGACY_NAMES:
+        home, _, attr = LEGACY_NAMES[old].rpartition(".")
+        value = getattr(importlib.import_module(home), attr)
+        _warn(old)
+        return value
     if old not in LEGACY_PATHS:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     try:

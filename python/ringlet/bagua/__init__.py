@@ -1,20 +1,23 @@
-"""The Bagua door: the tensor API, Bagua's algorithms, distributed data
-parallel and communication hooks.
+"""The Bagua door: Bagua's look-alike, built on ringlet's own tensor API and
+buckets (:mod:`ringlet.parallel`).
 
-* :mod:`ringlet.bagua.tensor`: proxy tensors registered by name, buckets and
-  ready-marking, installed as ``torch.Tensor`` methods (``ringlet_`` names).
 * :mod:`ringlet.bagua.algorithms`: Bagua's communication algorithms
   (gradient all-reduce, ByteGrad, decentralized and low-precision
   decentralized SGD, QAdam, asynchronous averaging) and the extension API;
   ``model.with_ringlet(optimizers, algorithm)`` (``with_bagua`` with
-  :mod:`ringlet.bagua.compat`) trains with one (:mod:`.data_parallel`), over
+  :mod:`ringlet.bagua.compat`) trains with one (:mod:`.data_parallel`, also
+  behind ``ringlet.DistributedDataParallel(model, algorithm=...)``), over
   :mod:`.communication`'s process groups and :mod:`.bucket`'s operations.
-* :mod:`ringlet.bagua.ddp`: :class:`DistributedDataParallel` over those
-  buckets.
-* :mod:`ringlet.bagua.comm_hooks`: torch DDP communication hooks on ringlet.
 * :mod:`ringlet.bagua.compat`: Bagua's own names (``bagua_`` tensor
   methods, ``with_bagua``, ``bagua.torch_api``'s functions and submodules);
   installed only when imported.
+* :mod:`.env`, :mod:`.utils`: Bagua's ``env`` and ``utils``.
+
+Importing it installs the ``torch.Tensor.ringlet_*`` methods
+(:mod:`ringlet.parallel.tensor`). ringlet's own tensor API, DDP and DDP hooks
+were here before: ``ringlet.bagua.tensor``, ``ringlet.bagua.ddp``,
+``ringlet.bagua.comm_hooks`` and ``ringlet.bagua.DistributedDataParallel`` are
+deprecated paths of their :mod:`ringlet.parallel` homes (:mod:`ringlet._legacy`).
 
 Example:
   >>> import torch, ringlet.bagua
@@ -23,28 +26,30 @@ Example:
   True
 """
 
+from typing import Any
+
+from .. import _legacy
 from . import (
     algorithms,
     bucket,
-    comm_hooks,
     communication,
     data_parallel,
-    ddp,
     env,
-    tensor,
     utils,
 )
-from .ddp import DistributedDataParallel
 
 __all__ = [
-    "DistributedDataParallel",
     "algorithms",
     "bucket",
-    "comm_hooks",
     "communication",
     "data_parallel",
-    "ddp",
     "env",
-    "tensor",
     "utils",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ringlet.bagua.tensor``, ``.ddp``, ``.comm_hooks`` and
+    ``.DistributedDataParallel``, now in :mod:`ringlet.parallel` (deprecated:
+    see :mod:`ringlet._legacy`)."""
+    return _legacy.attribute(__name__, name)

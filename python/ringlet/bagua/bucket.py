@@ -32,16 +32,16 @@ import torch
 from .. import _core
 from ..core import engine, groups
 from ..core.engine import DTYPE_NAMES
-from . import process_group
-from .process_group import BaguaProcessGroup
-from .tensor import (
+from ..parallel.tensor import (
     TensorModule,
-    _get,
+    effective_tensor,
     ensure_ringlet_tensor,
     get_module,
     is_ringlet_tensor,
     set_storage,
 )
+from . import process_group
+from .process_group import BaguaProcessGroup
 
 __all__ = ["BaguaBucket", "register_ordered_buckets"]
 
@@ -87,7 +87,7 @@ def _state_tensor(t: Any, what: str) -> torch.Tensor:
     effective tensor, or a plain tensor)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    eff = _get(t) if is_ringlet_tensor(t) else t
+    eff = effective_tensor(t) if is_ringlet_tensor(t) else t
     if eff is None or not eff.is_cpu or not eff.is_contiguous():
         raise ValueError(
             f"{what} must be a contiguous CPU tensor: ringlet keeps algorithm state in host "
@@ -196,10 +196,10 @@ class BaguaBucket:
         self.name = name
         self.padding_tensor: Optional[torch.Tensor] = None
         if alignment > 1:
-            total = sum(_get(t).numel() for t in self.tensors)
+            total = sum(effective_tensor(t).numel() for t in self.tensors)
             pad = (alignment - total % alignment) % alignment
             if pad:
-                first = _get(self.tensors[0])
+                first = effective_tensor(self.tensors[0])
                 base = f"bagua_padding_tensor_bucket_{name}"
                 pname, k = base, 0
                 while pname in self._module._proxies:
@@ -227,13 +227,13 @@ class BaguaBucket:
     def flattened_tensor(self) -> torch.Tensor:
         """Returns a new 1-D tensor with the effective tensors' values (the
         padding included), back to back."""
-        flat = get_flattened_tensor([_get(t) for t in self._all_tensors])
+        flat = get_flattened_tensor([effective_tensor(t) for t in self._all_tensors])
         assert flat is not None
         return flat
 
     def _flatten_(self) -> None:
         """Makes the effective tensors views of one buffer, in place."""
-        effs = [_get(t) for t in self._all_tensors]
+        effs = [effective_tensor(t) for t in self._all_tensors]
         self._offsets, at = {}, 0
         for t, e in zip(self._all_tensors, effs):
             self._offsets[id(t)] = at
@@ -246,7 +246,7 @@ class BaguaBucket:
         flat = self.flattened_tensor()
         offset = 0
         for t in self._all_tensors:
-            n = _get(t).numel()
+            n = effective_tensor(t).numel()
             set_storage(t, flat.untyped_storage(), offset)
             offset += n
         self.backend_tensor = flat
@@ -255,7 +255,7 @@ class BaguaBucket:
 
     def check_flatten(self) -> bool:
         """Returns whether the effective tensors lie back to back in memory."""
-        return check_contiguous([_get(t) for t in self._all_tensors])
+        return check_contiguous([effective_tensor(t) for t in self._all_tensors])
 
     def _rebind(self, t: torch.Tensor) -> None:
         """Makes ``t``'s effective tensor its view of the flattened bucket
@@ -266,7 +266,7 @@ class BaguaBucket:
         flat = self.backend_tensor
         if flat is None or t._ringlet_setter is None:
             return
-        eff = _get(t)
+        eff = effective_tensor(t)
         if eff is None or eff.device != flat.device or eff.dtype != flat.dtype:
             return
         at = (self._offsets or {}).get(id(t))
@@ -285,13 +285,14 @@ class BaguaBucket:
         at = 0
         with torch.no_grad():
             for t in self._all_tensors:
-                eff = _get(t)
+                eff = effective_tensor(t)
                 eff.view(-1).copy_(flat[at:at + eff.numel()])
                 at += eff.numel()
 
     def bytes(self) -> int:
         """Returns the bucket's size in bytes (its tensors, not the padding)."""
-        return sum(_get(t).numel() * _get(t).element_size() for t in self.tensors)
+        effs = [effective_tensor(t) for t in self.tensors]
+        return sum(e.numel() * e.element_size() for e in effs)
 
     # -- operations -------------------------------------------------------------
 

@@ -9,7 +9,7 @@ Importing this module adds to :class:`torch.Tensor` the exact method names of
 ``bagua_set_storage``), each the same function as its ``ringlet_`` twin; the
 attributes Bagua sets on a tensor (``bagua_tensor_name``, ``""`` when no name
 was given, ``bagua_module_name`` and ``bagua_backend``, the tensor's
-:class:`ringlet.bagua.tensor.TensorModule` or ``None``), readable on every ringlet
+:class:`ringlet.parallel.tensor.TensorModule` or ``None``), readable on every ringlet
 tensor and absent on others; and ``bagua_module_name`` to
 :class:`torch.nn.Module` (an alias of ``ringlet_module_name``, assignable), so
 code written for Bagua's tensor API runs unchanged.
@@ -53,6 +53,16 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..parallel import tensor
+from ..parallel.tensor import (
+    Getter,
+    Setter,
+    ensure_ringlet_tensor,
+    install,
+    is_ringlet_tensor,
+    reensure_ringlet_tensor,
+    registered_module,
+)
 from . import (
     algorithms,
     bucket,
@@ -61,7 +71,6 @@ from . import (
     data_parallel,
     distributed,
     env,
-    tensor,
     utils,
 )
 from .communication import (
@@ -93,15 +102,6 @@ from .data_parallel import bagua_distributed as _bagua_distributed  # noqa: F401
 from .data_parallel import distributed as _distributed  # noqa: F401
 from .distributed import BaguaModule
 from .env import get_local_rank, get_local_size, get_rank, get_world_size
-from .tensor import (
-    Getter,
-    Setter,
-    _reensure,
-    _registered_module,
-    ensure_ringlet_tensor,
-    install,
-    is_ringlet_tensor,
-)
 
 __all__ = [
     "BaguaModule",
@@ -171,7 +171,7 @@ class _TensorAttribute:
 _ATTRIBUTES = {
     "bagua_tensor_name": _TensorAttribute(lambda t: t._ringlet_given_name),
     "bagua_module_name": _TensorAttribute(lambda t: t._ringlet_module_name),
-    "bagua_backend": _TensorAttribute(_registered_module),
+    "bagua_backend": _TensorAttribute(registered_module),
 }
 
 
@@ -195,7 +195,7 @@ def ensure_bagua_tensor(
     getter_closure: Optional[Getter] = None,
     setter_closure: Optional[Setter] = None,
 ) -> torch.Tensor:
-    """Bagua's ``ensure_bagua_tensor``: :func:`ringlet.bagua.tensor.ensure_ringlet_tensor`
+    """Bagua's ``ensure_bagua_tensor``: :func:`ringlet.parallel.tensor.ensure_ringlet_tensor`
     with Bagua's rule for a tensor that already is one: the closures are set
     to the ones given, ``None`` being the identity getter and no setter
     (``ensure_ringlet_tensor`` keeps a closure passed as ``None``).
@@ -218,7 +218,7 @@ def ensure_bagua_tensor(
       True
     """
     if is_ringlet_tensor(self):
-        _reensure(self, name, module_name, getter_closure, setter_closure, keep=False)
+        reensure_ringlet_tensor(self, name, module_name, getter_closure, setter_closure, keep=False)
         return self
     return ensure_ringlet_tensor(self, name, module_name, getter_closure, setter_closure)
 

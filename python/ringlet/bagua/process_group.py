@@ -490,11 +490,11 @@ def get_backend(model_name: str) -> Any:
       model_name (str): The model's ``bagua_module_name``.
 
     Returns:
-      ringlet.bagua.tensor.TensorModule: The module, created on first use.
+      ringlet.parallel.tensor.TensorModule: The module, created on first use.
 
     Example:
       >>> bagua.communication.get_backend(model.bagua_module_name).wait_pending_comm_ops()
     """
-    from .tensor import get_module
+    from ..parallel.tensor import get_module
 
     return get_module(model_name)

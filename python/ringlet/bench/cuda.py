@@ -18,7 +18,7 @@ import time
 import torch
 
 import ringlet
-from ringlet.bagua.tensor import get_module
+from ringlet.parallel.tensor import get_module
 
 SIZES = [1 << 20, 64 << 20]
 

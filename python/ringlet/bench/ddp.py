@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     Returns:
       dict[str, float]: median step seconds of ``"ringlet"`` (ringlet's DDP),
       ``"torch"`` (torch DDP over gloo) and ``"hook"`` (torch DDP with
-      :func:`ringlet.bagua.comm_hooks.allreduce_hook`).
+      :func:`ringlet.parallel.comm_hooks.allreduce_hook`).
     """
     torch.manual_seed(0)
     base = mlp(args.width, args.hidden, args.depth, args.classes)
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     hooked = torch.nn.parallel.DistributedDataParallel(
         copy.deepcopy(base), bucket_cap_mb=args.bucket_cap_mb
     )
-    hooks = ringlet.bagua.comm_hooks
+    hooks = ringlet.parallel.comm_hooks
     hooked.register_comm_hook(hooks.AllReduceState(), hooks.allreduce_hook)
     steppers = {
         "ringlet": _stepper(ours, x, y),

@@ -98,7 +98,7 @@ class _Program:
         self.counts: dict[str, int] = {}
         self.bucket = [torch.zeros(n).ensure_ringlet_tensor(f"soak{i}", "soak")
                        for i, n in enumerate((1, 31, 1000))]
-        self.module = ringlet.bagua.tensor.get_module("soak")
+        self.module = ringlet.parallel.tensor.get_module("soak")
         self.module.set_buckets([[self.bucket[0], self.bucket[1]], [self.bucket[2]]])
         self.module.set_all_reduce(average=False)
         # A fixed menu of replica groups, all connected by prime(): groups are

@@ -15,8 +15,8 @@
   expensive part across hosts), shared by the ByteGrad DDP hook, Bagua's
   algorithms and DiLoCo.
 * :mod:`.hook_worker`: the thread and futures behind torch DDP
-  communication hooks, shared by Bagua's all-reduce hook
-  (``ringlet.bagua.comm_hooks``) and the ByteGrad hook
+  communication hooks, shared by ringlet's all-reduce hook
+  (``ringlet.parallel.comm_hooks``) and the ByteGrad hook
   (``ringlet.distributed.hooks``).
 
 The old paths ``ringlet.runtime`` and ``ringlet._engine`` are

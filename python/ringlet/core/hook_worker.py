@@ -1,5 +1,5 @@
 """The worker behind ringlet's torch DDP communication hooks
-(:mod:`ringlet.bagua.comm_hooks`, :mod:`ringlet.distributed.hooks`).
+(:mod:`ringlet.parallel.comm_hooks`, :mod:`ringlet.distributed.hooks`).
 
 DDP hands each gradient bucket to a hook as soon as backward has filled it
 and wants a ``torch.futures.Future`` back at once. A hook's state queues the

@@ -27,9 +27,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ...parallel.tensor import ensure_ringlet_tensor, is_ringlet_tensor, reensure_ringlet_tensor
 from ..bucket import BaguaBucket
 from ..communication import BaguaProcessGroup
-from ..tensor import _reensure, ensure_ringlet_tensor, is_ringlet_tensor
 
 __all__ = ["Algorithm", "AlgorithmImpl", "GlobalAlgorithmRegistry"]
 
@@ -58,7 +58,7 @@ def ensure_tensor(
     getter, no setter), so an algorithm switch replaces the previous
     algorithm's closures."""
     if is_ringlet_tensor(t):
-        _reensure(t, name, module_name, getter, setter, keep=False)
+        reensure_ringlet_tensor(t, name, module_name, getter, setter, keep=False)
         return t
     return ensure_ringlet_tensor(t, name, module_name, getter, setter)
 

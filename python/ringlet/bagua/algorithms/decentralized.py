@@ -29,9 +29,9 @@ from typing import Any, Callable
 
 import torch
 
+from ...parallel.tensor import ensure_ringlet_tensor
 from ..bucket import BaguaBucket
 from ..communication import BaguaProcessGroup
-from ..tensor import ensure_ringlet_tensor
 from .base import Algorithm, AlgorithmImpl, _no_op, ensure_tensor
 
 __all__ = [

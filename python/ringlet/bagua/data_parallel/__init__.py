@@ -36,13 +36,15 @@ import torch
 
 from ... import errors
 from ...core import groups as core_groups
+from ...parallel import ddp as _ringlet_ddp
+from ...parallel.tensor import get_module
 from .. import communication
 from ..bucket import BaguaBucket, _default_group, register_ordered_buckets
 from ..communication import BaguaProcessGroup
 from ..env import get_default_bucket_size
-from ..tensor import get_module
 
-__all__ = ["BaguaDistributedDataParallel", "DistributedDataParallel", "install", "with_ringlet"]
+__all__ = ["BaguaDistributedDataParallel", "DistributedDataParallel", "install", "with_ringlet",
+           "wrap_for_ddp"]
 
 
 class _States:
@@ -476,6 +478,46 @@ def install(prefix: str = "ringlet") -> None:
 
 
 install()
+
+
+def wrap_for_ddp(
+    module: torch.nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    algorithm: Any,
+    name: str,
+    bucket_bytes: int,
+    broadcast_buffers: bool = True,
+) -> BaguaDistributedDataParallel:
+    """Trains ``module`` with a Bagua algorithm on the default group, for
+    :class:`ringlet.parallel.ddp.DistributedDataParallel`'s ``algorithm``
+    argument (installed there by importing this package).
+
+    Args:
+      module (torch.nn.Module): The model.
+      optimizers (list[torch.optim.Optimizer]): Its optimizers.
+      algorithm (Algorithm or str): The algorithm.
+      name (str): The model's name for the tensor API.
+      bucket_bytes (int): The buckets' size.
+      broadcast_buffers (bool): Copy the first rank's buffers first. Default: True.
+
+    Returns:
+      BaguaDistributedDataParallel: What trains the model.
+
+    Example:
+      >>> ringlet.DistributedDataParallel(model, algorithm=ByteGradAlgorithm(),
+      ...                                 optimizers=[opt])   # calls this
+    """
+    group = _default_group()
+    if broadcast_buffers:
+        for b in module.buffers():
+            if b.numel():
+                communication.broadcast(b.data, 0, group.get_global_communicator())
+    return BaguaDistributedDataParallel(
+        module, optimizers, algorithm, group, bagua_module_name=name, bucket_bytes=bucket_bytes,
+    )
+
+
+_ringlet_ddp.set_algorithm_wrapper(wrap_for_ddp)
 
 
 class DistributedDataParallel(torch.nn.Module):

@@ -13,8 +13,8 @@ Example:
   >>> import torch.distributed as dist, ringlet
   >>> dist.init_process_group("gloo"); ringlet.init()
   >>> ddp = torch.nn.parallel.DistributedDataParallel(model)
-  >>> ddp.register_comm_hook(ringlet.bagua.comm_hooks.AllReduceState(),
-  ...                        ringlet.bagua.comm_hooks.allreduce_hook)
+  >>> ddp.register_comm_hook(ringlet.parallel.comm_hooks.AllReduceState(),
+  ...                        ringlet.parallel.comm_hooks.allreduce_hook)
 """
 
 from typing import Optional
@@ -44,8 +44,8 @@ class AllReduceState:
         as DDP's built-in hook does. Default: True
 
     Example:
-      >>> state = ringlet.bagua.comm_hooks.AllReduceState()
-      >>> ddp.register_comm_hook(state, ringlet.bagua.comm_hooks.allreduce_hook)
+      >>> state = ringlet.parallel.comm_hooks.AllReduceState()
+      >>> ddp.register_comm_hook(state, ringlet.parallel.comm_hooks.allreduce_hook)
     """
 
     def __init__(self, average: bool = True) -> None:
@@ -110,7 +110,7 @@ def allreduce_hook(
       torch.futures.Future: Completes with the averaged buffer.
 
     Example:
-      >>> ddp.register_comm_hook(None, ringlet.bagua.comm_hooks.allreduce_hook)
+      >>> ddp.register_comm_hook(None, ringlet.parallel.comm_hooks.allreduce_hook)
     """
     if state is None:
         state = _default_state()

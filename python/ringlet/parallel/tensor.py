@@ -21,7 +21,7 @@ Example:
   >>> ringlet.init()
   >>> p = torch.nn.Parameter(torch.ones(4))
   >>> p.ensure_ringlet_tensor("w", "model", getter_closure=lambda t: t.grad)
-  >>> m = ringlet.bagua.tensor.get_module("model")
+  >>> m = ringlet.parallel.tensor.get_module("model")
   >>> m.set_buckets([[p]]); m.set_all_reduce(average=True)
   >>> p.ringlet_ensure_grad().ringlet_mark_communication_ready()
   >>> m.wait_pending_comm_ops()      # p.grad is now averaged over the ranks
@@ -48,9 +48,12 @@ __all__ = [
     "BackendTensor",
     "TensorModule",
     "close_modules",
+    "effective_tensor",
     "get_module",
     "install",
     "new_communicator",
+    "reensure_ringlet_tensor",
+    "registered_module",
 ]
 
 Getter = Callable[[torch.Tensor], Optional[torch.Tensor]]
@@ -112,7 +115,7 @@ class BackendTensor:
         proxy = self.proxy
         if proxy is None:
             proxy = _module_of(self.module_name, self.name)._proxies[self.name]
-        eff = _get(proxy)
+        eff = effective_tensor(proxy)
         return 0 if eff is None else engine.ptr(eff)
 
     def registration(self) -> tuple[int, str, str]:
@@ -136,7 +139,7 @@ class TensorModule:
     ``ensure_ringlet_tensor(..., module_name=...)``.
 
     Example:
-      >>> m = ringlet.bagua.tensor.get_module("model")
+      >>> m = ringlet.parallel.tensor.get_module("model")
       >>> m.set_buckets(m.plan_buckets(m.tensors(), bucket_cap_bytes=1 << 20))
       >>> m.set_all_reduce()
     """
@@ -155,7 +158,7 @@ class TensorModule:
         proxy = self._proxies.get(name)
         if proxy is None:
             raise KeyError(f"no tensor named '{name}' in module '{self.name}'")
-        eff = _get(proxy)
+        eff = effective_tensor(proxy)
         if eff is None:
             raise RuntimeError(
                 f"the getter closure of tensor '{name}' (module '{self.name}') returned "
@@ -454,7 +457,7 @@ def get_module(module_name: str) -> TensorModule:
       TensorModule: The module.
 
     Example:
-      >>> ringlet.bagua.tensor.get_module("model").tensors()
+      >>> ringlet.parallel.tensor.get_module("model").tensors()
       []
     """
     if not isinstance(module_name, str) or not module_name:
@@ -495,7 +498,24 @@ def _require_ringlet(t: torch.Tensor, method: str) -> None:
         )
 
 
-def _get(t: torch.Tensor) -> Optional[torch.Tensor]:
+def effective_tensor(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """The tensor the engine works on for ``t``: its getter closure applied to
+    it, or ``t`` itself (also for a tensor that is not a ringlet tensor).
+    :meth:`torch.Tensor.ringlet_getter_closure` without the ringlet-tensor check.
+
+    Args:
+      t (torch.Tensor): A ringlet tensor (or any tensor).
+
+    Returns:
+      Optional[torch.Tensor]: The effective tensor (``None`` when the getter
+      returns none, e.g. a gradient not created yet).
+
+    Example:
+      >>> p = torch.nn.Parameter(torch.ones(2))
+      >>> p.ensure_ringlet_tensor("w", getter_closure=lambda t: t.grad)
+      >>> effective_tensor(p) is None
+      True
+    """
     getter = t.__dict__.get("_ringlet_getter")
     return t if getter is None else getter(t)
 
@@ -553,7 +573,7 @@ def ensure_ringlet_tensor(
       True
     """
     if is_ringlet_tensor(self):
-        _reensure(self, name, module_name, getter_closure, setter_closure)
+        reensure_ringlet_tensor(self, name, module_name, getter_closure, setter_closure)
         return self
     if getter_closure is None and setter_closure is not None:
         raise TensorRegistrationError(_SETTER_NEEDS_GETTER)
@@ -582,7 +602,7 @@ _SETTER_NEEDS_GETTER = (
 )
 
 
-def _reensure(
+def reensure_ringlet_tensor(
     t: torch.Tensor,
     name: Optional[str],
     module_name: Optional[str],
@@ -593,7 +613,24 @@ def _reensure(
     """``ensure_ringlet_tensor`` on a ringlet tensor: checks the name and
     module, then replaces the closures that are given (``None`` keeps one;
     with ``keep=False``, Bagua's rule, ``None`` is the identity getter or no
-    setter)."""
+    setter).
+
+    Args:
+      t (torch.Tensor): A ringlet tensor.
+      name (str, optional): Its name again (``None``: not checked).
+      module_name (str, optional): Its module again (``None``: not checked).
+      getter (Getter, optional): The new getter closure.
+      setter (Setter, optional): The new setter closure.
+      keep (bool): ``None`` keeps a closure (``True``) or clears it. Default: True.
+
+    Raises:
+      TensorRegistrationError: Another name or module, or a setter without a getter.
+      ValueError: The new getter's tensor does not match the registered one.
+
+    Example:
+      >>> t = torch.zeros(3).ensure_ringlet_tensor("t")
+      >>> reensure_ringlet_tensor(t, "t", None, lambda x: x, None)
+    """
     if name is not None and name != t._ringlet_name:
         raise TensorRegistrationError(
             f"ringlet tensor '{t._ringlet_name}' cannot be renamed to '{name}'"
@@ -610,7 +647,7 @@ def _reensure(
         return
     if getter is None and setter is not None:
         raise TensorRegistrationError(_SETTER_NEEDS_GETTER)
-    m = _registered_module(t)
+    m = registered_module(t)
     if m is not None and getter is not t._ringlet_getter:
         eff = t if getter is None else getter(t)
         if eff is not None:
@@ -623,14 +660,25 @@ def _reensure(
                     f"registered in module '{m.name}' as {want[0]} {want[1]} "
                     f"elements on {want[2]}"
                 )
-    # The worker resolves the effective tensor through _get at every
-    # operation, so the new getter takes effect from the next bucket run.
+    # The worker resolves the effective tensor through effective_tensor() at
+    # every operation, so the new getter takes effect from the next bucket run.
     t._ringlet_getter = getter
     t._ringlet_setter = setter
 
 
-def _registered_module(t: torch.Tensor) -> Optional[TensorModule]:
-    """The open module ``t`` is registered in, or ``None``."""
+def registered_module(t: torch.Tensor) -> Optional[TensorModule]:
+    """The open module ``t`` is registered in, or ``None``.
+
+    Args:
+      t (torch.Tensor): A ringlet tensor.
+
+    Returns:
+      Optional[TensorModule]: Its module, while open and ``t`` is registered there.
+
+    Example:
+      >>> registered_module(torch.zeros(1).ensure_ringlet_tensor("x")) is None
+      True
+    """
     name = t.__dict__.get("_ringlet_module_name")
     m = None if name is None else _modules.get(name)
     if m is None or m._proxies.get(t._ringlet_name) is not t:
@@ -688,7 +736,7 @@ def ringlet_getter_closure(self: torch.Tensor) -> Optional[torch.Tensor]:
       torch.Tensor: The tensor used at runtime.
     """
     _require_ringlet(self, "ringlet_getter_closure")
-    return _get(self)
+    return effective_tensor(self)
 
 
 def ringlet_setter_closure(self: torch.Tensor, tensor: torch.Tensor) -> None:
@@ -745,7 +793,7 @@ def _mark(self: torch.Tensor, sync: bool, method: str) -> None:
     m = _module_of(self._ringlet_module_name, self._ringlet_name)
     event = None
     if sync:
-        eff = _get(self)
+        eff = effective_tensor(self)
         if eff is not None and eff.is_cuda:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(eff.device))
@@ -793,7 +841,7 @@ def set_storage(self: torch.Tensor, storage: Any, storage_offset: int = 0) -> No
         another dtype (as ``torch.Tensor.set_``).
     """
     _require_ringlet(self, "ringlet_set_storage")
-    eff = _get(self)
+    eff = effective_tensor(self)
     if eff is None:
         raise RuntimeError(
             f"ringlet_set_storage: the getter of '{self._ringlet_name}' returned None"
@@ -840,7 +888,7 @@ def install(prefix: str = "ringlet") -> None:
         ``import ringlet.bagua.compat``).
 
     Example:
-      >>> ringlet.bagua.tensor.install("bagua"); torch.ones(1).is_bagua_tensor()
+      >>> ringlet.parallel.tensor.install("bagua"); torch.ones(1).is_bagua_tensor()
       False
     """
     for pattern, fn in _METHODS.items():

@@ -20,16 +20,38 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
 from ..core import engine, groups
 from .tensor import get_module, new_communicator
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "set_algorithm_wrapper"]
 
 _names = itertools.count()
+
+# Wraps a model to train through an algorithm (``algorithm=``): Bagua's algorithms
+# live in ringlet.bagua, a layer above this package, which installs it on import.
+_algorithm_wrapper: Optional[Callable[..., Any]] = None
+
+
+def set_algorithm_wrapper(wrapper: Optional[Callable[..., Any]]) -> None:
+    """Installs what :class:`DistributedDataParallel` trains through when given
+    an ``algorithm`` (``import ringlet.bagua`` installs Bagua's, done by
+    ``import ringlet``).
+
+    Args:
+      wrapper (Callable, optional): Called as ``wrapper(module, optimizers,
+        algorithm, name=..., bucket_bytes=..., broadcast_buffers=...)``; returns
+        the object that trains ``module`` (with ``bagua_algorithm``,
+        ``bagua_buckets`` and ``require_backward_grad_sync``). ``None`` removes it.
+
+    Example:
+      >>> import ringlet.bagua   # installs ringlet.bagua.data_parallel.wrap_for_ddp
+    """
+    global _algorithm_wrapper
+    _algorithm_wrapper = wrapper
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
@@ -121,19 +143,13 @@ class DistributedDataParallel(torch.nn.Module):
     def _wrap_with(self, algorithm: Any, optimizers: Any, bucket_cap_mb: float,
                    broadcast_parameters: bool) -> None:
         """Trains through one of Bagua's algorithms (``with_ringlet``)."""
-        from .bucket import _default_group
-        from .communication import broadcast
-        from .data_parallel import BaguaDistributedDataParallel
-
-        group = _default_group()
-        if broadcast_parameters:
-            for b in self.module.buffers():
-                if b.numel():
-                    broadcast(b.data, 0, group.get_global_communicator())
-        inner = BaguaDistributedDataParallel(
-            self.module, list(optimizers or []), algorithm, group,
-            bagua_module_name=self.ringlet_module_name,
-            bucket_bytes=int(bucket_cap_mb * (1 << 20)),
+        if _algorithm_wrapper is None:
+            raise RuntimeError("DistributedDataParallel(algorithm=...) needs Bagua's "
+                               "algorithms: import ringlet.bagua")
+        inner = _algorithm_wrapper(
+            self.module, list(optimizers or []), algorithm,
+            name=self.ringlet_module_name, bucket_bytes=int(bucket_cap_mb * (1 << 20)),
+            broadcast_buffers=broadcast_parameters,
         )
         self.module.__dict__["bagua_ddp"] = inner
         self._algorithm = inner
