@@ -116,7 +116,7 @@ class Progress:
 
 class TensorModule:
     """Registered tensors of one model, their buckets and the worker thread
-    that runs bucket operations in bucket order (see ``ringlet.bagua.tensor``)."""
+    that runs bucket operations in bucket order (see ``ringlet.parallel.tensor``)."""
 
     def __init__(
         self,
