@@ -255,6 +255,25 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     for i, w in enumerate(works):
         w.wait()
         _same(w.result()[0], torch.full((3,), float(i * world)), "issue order", exact=True)
+    # queued as the engine call itself (a native job): the work dropped at
+    # once (its tensor lives on in the job), then a broadcast's future and a
+    # work polled with is_completed(), a later operation behind them all
+    kept = [torch.full((50_000,), float(rank + i)) for i in range(4)]
+    for x in kept:
+        dist.all_reduce(x, async_op=True)
+    dist.all_reduce(torch.ones(1 << 18), async_op=True)  # nothing but the job holds it
+    b = torch.arange(4.0) * (rank + 1)
+    bfut = dist.broadcast(b, src=world - 1, async_op=True).get_future()
+    polled = dist.all_reduce(torch.full((2,), float(rank)), op=dist.ReduceOp.MAX, async_op=True)
+    sync = torch.ones(2)
+    dist.all_reduce(sync)
+    assert polled.is_completed() and polled.is_success() and polled.exception() is None
+    _same(polled.result()[0], torch.full((2,), float(world - 1)), "native job polled", exact=True)
+    for i, x in enumerate(kept):
+        _same(x, torch.full((50_000,), float(total - world + i * world)), "native job dropped",
+              exact=True)
+    _same(bfut.wait()[0], torch.arange(4.0) * world, "native broadcast future", exact=True)
+    _same(sync, torch.full((2,), float(world)), "after native jobs", exact=True)
 
     dist.barrier()
     dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)

@@ -109,10 +109,31 @@ class Progress:
     def all_reduce_now(
         self, comm: Communicator, ptr: int, nbytes: int, dtype_name: str, op_name: str
     ) -> bool: ...
+    def submit_all_reduce(
+        self, comm: Communicator, ptr: int, nbytes: int, dtype_name: str, op_name: str,
+        keep: Any, wake: bool = True,
+    ) -> NativeJob:
+        """Queues the engine's all-reduce itself (no Python callable runs for
+        it); ``keep`` owns the buffer and is held until the job ended."""
+    def submit_broadcast(
+        self, comm: Communicator, ptr: int, nbytes: int, dtype_name: str, root: int,
+        keep: Any, wake: bool = True,
+    ) -> NativeJob: ...
     def is_done(self, ticket: int) -> bool: ...
-    def wait(self, ticket: int, timeout_s: Optional[float] = None) -> bool: ...
+    def wait(
+        self, ticket: int, timeout_s: Optional[float] = None, run_queued: bool = True
+    ) -> bool: ...
     def pending(self) -> int: ...
     def close(self) -> None: ...
+
+class NativeJob:
+    """An engine call queued on a ``Progress`` queue as it is."""
+
+    @property
+    def ticket(self) -> int: ...
+    def error(self) -> Optional[BaseException]:
+        """The exception the call failed with, or None; raises RuntimeError
+        before the ticket is done."""
 
 class TensorModule:
     """Registered tensors of one model, their buckets and the worker thread

@@ -40,6 +40,7 @@ __all__ = [
     "broadcast", "check", "check_int", "check_reduce_type", "disjoint", "dtype_name",
     "error_rank", "gather", "nbytes", "outer_sync", "overlaps", "plain_dtype", "ptr",
     "pseudo_gradient", "recv", "reduce_scatter", "scatter", "send", "span", "storage_ptr",
+    "submit_all_reduce", "submit_broadcast",
     "traced", "world_all_gather", "world_all_reduce", "world_all_reduce_into",
     "world_broadcast", "world_reduce_scatter",
 ]
@@ -410,6 +411,46 @@ def all_reduce(comm: Any, t: torch.Tensor, op: str = "sum", dtype: Optional[str]
       >>> all_reduce(comm, flags, "sum")
     """
     comm.all_reduce(t.data_ptr(), t.nbytes, dtype or dtype_name(t), op)
+
+
+def submit_all_reduce(queue: Any, comm: Any, t: torch.Tensor, op: str, dtype: str,
+                      keep: Any, wake: bool = True) -> Any:
+    """Queues :func:`all_reduce` of ``t`` over ``comm`` on the progress queue
+    ``queue`` as the engine call itself: the queue's thread (or a waiter)
+    runs it with no Python in between and never takes the GIL for it.
+
+    Args:
+      queue (ringlet._core.Progress): The group's queue (issue order).
+      comm (ringlet._core.Communicator): The ranks.
+      t (torch.Tensor): Contiguous CPU tensor; untouched until the job ran.
+      op (str): ``"sum"``, ``"min"``, ...
+      dtype (str): The engine's name of ``t``'s dtype.
+      keep (object): What owns ``t`` (held until the job ended).
+      wake (bool): Wake the queue's thread (False: the caller waits at once).
+
+    Returns:
+      ringlet._core.NativeJob: Its ticket, and its error once it ran.
+
+    Example:
+      >>> job = submit_all_reduce(queue, comm, t, "sum", "float32", [t])
+      >>> queue.wait(job.ticket) and job.error() is None
+      True
+    """
+    return queue.submit_all_reduce(comm, t.data_ptr(), t.nbytes, dtype, op, keep, wake)
+
+
+def submit_broadcast(queue: Any, comm: Any, t: torch.Tensor, root: int, dtype: str,
+                     keep: Any, wake: bool = True) -> Any:
+    """Queues :func:`broadcast` of ``t`` from ``comm``'s rank ``root`` on
+    ``queue`` as the engine call itself (see :func:`submit_all_reduce`).
+
+    Returns:
+      ringlet._core.NativeJob: Its ticket, and its error once it ran.
+
+    Example:
+      >>> job = submit_broadcast(queue, comm, weights, 0, "float32", [weights])
+    """
+    return queue.submit_broadcast(comm, t.data_ptr(), t.nbytes, dtype, root, keep, wake)
 
 
 def broadcast(comm: Any, t: torch.Tensor, root: int, dtype: Optional[str] = None) -> None:

@@ -168,9 +168,15 @@ class _Collectives:
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
                     and t.layout == torch.strided
                     and (red in _ANY_DTYPE or not t.is_floating_point())):
-                # One engine call (in two levels on a group spanning hosts).
-                return self._submit(lambda: engine.all_reduce(self._world(), t, red, name),
-                                    [t], wake=_is_async(opts))
+                # One engine call (in two levels on a group spanning hosts),
+                # queued as it is once the group is connected.
+                wake, comm = _is_async(opts), self._comm
+                if comm is None:
+                    return self._submit(lambda: engine.all_reduce(self._world(), t, red, name),
+                                        [t], wake=wake)
+                if not wake and self._run_now(engine.all_reduce, comm, t, red, name):
+                    return _DONE
+                return self._submit_engine(engine.submit_all_reduce, comm, t, red, name, wake)
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, op, opts)
         self._real_op(op, tensors, "all_reduce")
@@ -289,6 +295,11 @@ class _Collectives:
             if comm is not None and self._run_now(
                     comm.broadcast, ptr(t), t.nbytes, name, root):
                 return _DONE
+            comm = self._comm
+            if (name is not None and comm is not None
+                    and getattr(opts, "rootTensor", 0) == 0):  # queued as the engine call itself
+                return self._submit_engine(engine.submit_broadcast, comm, t, root, name,
+                                           _is_async(opts))
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
         # Several tensors are torch's multi-device form (as gloo): the root's
         # tensor rootTensor goes into every tensor of every rank.

@@ -325,6 +325,21 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
             self._coalescing.append(work)
         return work
 
+    def _submit_engine(
+        self, submit: Callable[..., Any], comm: Any, t: torch.Tensor, arg: Any, dtype: str,
+        wake: bool,
+    ) -> Work:
+        """Queues one engine call on ``t`` as it is (``submit`` is
+        ``engine.submit_all_reduce`` or ``engine.submit_broadcast``, ``arg``
+        its reduce op or root): no Python job runs for it on the queue."""
+        result = [t]
+        job = submit(self._queue, comm, t, arg, dtype, result, wake)
+        work = Work._native(self._queue, job, result, self._timeout)
+        work._woken = wake
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
     def _sync_comm(self, opts: Any, nbytes: int) -> Any:
         """The group's communicator when a call with ``opts`` can run as one
         engine call on the calling thread (synchronous, connected, one level

@@ -3,8 +3,10 @@ that complete its futures, and errors raised as torch's process groups raise
 them.
 
 A :class:`Work` is the handle of one operation queued on a group's progress
-thread (``ProcessGroupRinglet._submit``); a synchronous call that ran at once
-returns the finished ``_DONE``. Futures (``Work.get_future()``) are completed
+thread (``ProcessGroupRinglet._submit``), as a Python job or as the engine
+call itself (a native job: ``Work._native``, whose outcome the work reads from
+the job once its ticket is done); a synchronous call that ran at once returns
+the finished ``_DONE``. Futures (``Work.get_future()``) are completed
 off the progress threads, by :class:`_Completions`, so that their callbacks
 may issue and wait for later operations of the same group.
 
@@ -146,6 +148,53 @@ class Work(_CWork):
         self._completing: Optional[threading.Event] = None  # set once the future's callbacks ran
         self._woken = True  # the progress thread was woken for the job (else a waiter runs it)
         self._waiting: Optional[threading.Event] = None  # set once done, for wait(timeout)
+        self._job: Any = None  # a native job (_core.NativeJob) not yet settled
+        self._settling = threading.Lock()  # held while a native job's outcome is recorded
+
+    @classmethod
+    def _native(cls, queue: Any, job: Any, result: list[Any], timeout: float) -> Work:
+        """The work of ``job``, an engine call queued on ``queue`` as it is
+        (``core.engine.submit_all_reduce``): no Python runs when it ends; the
+        work learns its outcome when asked (``wait``, ``is_completed``) or, once
+        a future was asked for, from a completion thread that waits for it."""
+        work = cls(queue, result, timeout)
+        work._job = job
+        work._ticket = job.ticket
+        return work
+
+    def _settle(self, ran: bool = False) -> bool:
+        """For a native job: whether it has run (``ran``: the caller knows it
+        has); if so its outcome is recorded, once, before this returns. True
+        for other work."""
+        with self._settling:
+            job = self._job
+            if job is None:
+                return True
+            if not ran:
+                try:
+                    ran = self._queue.is_done(self._ticket)
+                except Exception:  # the queue closed: it ran its jobs first
+                    ran = True
+                if not ran:
+                    return False
+            try:
+                exc = job.error()
+            except Exception as e:  # never ran: its group was closed first
+                exc = e
+            self._finish(_DistErrors.convert(exc) if exc is not None else None)
+            self._job = None
+            return True
+
+    def _watch(self) -> None:
+        """On a completion thread: waits for the native job, then settles it
+        (which completes the future asked for)."""
+        while self._job is not None:
+            try:
+                if self._queue.wait(self._ticket, max(self._timeout, 1.0), False):
+                    break
+            except Exception:  # the queue closed: it ran its jobs first
+                break
+        self._settle(ran=True)
 
     # Runs on the progress thread (or in a waiter that runs queued jobs).
     def _run(self, fn: Callable[[], Any]) -> Callable[[], None]:
@@ -198,6 +247,9 @@ class Work(_CWork):
             if self._waiting is None:
                 self._waiting = threading.Event()
             waiting = self._waiting
+        if self._job is not None:  # a native job: the thread runs it (never this waiter)
+            return self._queue.wait(self._ticket, secs, False) and self._settle(ran=True) and (
+                waiting.wait(secs))
         if not self._woken:  # queued for a waiter to run: have the thread run it
             self._woken = True
             with contextlib.suppress(Exception):  # a closed queue has run its jobs
@@ -225,8 +277,9 @@ class Work(_CWork):
         if secs > 0:  # the caller's own limit: raise once it passed (as gloo)
             finished = self._wait_on_thread(secs)
         else:
-            finished = self._done or (self._queue.wait(self._ticket, limit) and (
-                self._completing is None or self._completing.wait(limit)))
+            finished = self._done or (
+                self._queue.wait(self._ticket, limit) and self._settle(ran=True) and (
+                    self._completing is None or self._completing.wait(limit)))
         if not finished:
             raise _DistErrors.convert(errors.CollectiveTimeoutError(
                 f"rank {runtime_rank()}: Work.wait: Timed out after "
@@ -238,14 +291,18 @@ class Work(_CWork):
 
     def is_completed(self) -> bool:
         """Whether the operation has finished (successfully or not)."""
+        if self._job is not None:
+            self._settle()
         return self._done
 
     def is_success(self) -> bool:
         """Whether the operation finished without an error."""
-        return self._done and self._exc is None
+        return self.is_completed() and self._exc is None
 
     def exception(self) -> Optional[BaseException]:
         """The error the operation failed with, or None."""
+        if self._job is not None:
+            self._settle()
         return self._exc
 
     def get_future(self) -> torch.futures.Future:
@@ -255,6 +312,7 @@ class Work(_CWork):
         Returns:
           The future (the same object on every call).
         """
+        watch = False
         with self._lock:
             fut = self._fut
             if fut is None:
@@ -267,6 +325,10 @@ class Work(_CWork):
                 fut = self._fut = self._src.then(_future_value)
                 if self._done:
                     self._complete(self._src)
+                else:
+                    watch = self._job is not None
+        if watch:  # nothing runs when a native job ends: a thread waits for it
+            _COMPLETIONS.submit(self._watch)
         return fut
 
     def result(self) -> list[Any]:

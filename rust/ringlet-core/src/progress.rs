@@ -172,6 +172,18 @@ impl Progress {
     /// itself inside a job of this queue (a completion callback) and would
     /// wait for a later job: that can never finish before this one.
     pub fn wait(&self, ticket: u64, timeout: Option<Duration>) -> Result<bool> {
+        self.wait_for(ticket, timeout, true)
+    }
+
+    /// As [`Progress::wait`], but with `run_queued` false the caller never
+    /// runs a job itself: it only waits for the thread (or another waiter) to
+    /// run them, so a job blocked on its peers cannot hold it past `timeout`.
+    pub fn wait_for(
+        &self,
+        ticket: u64,
+        timeout: Option<Duration>,
+        run_queued: bool,
+    ) -> Result<bool> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut st = self.shared.lock();
         loop {
@@ -187,8 +199,11 @@ impl Progress {
                 ));
             }
             if !st.running && !st.queue.is_empty() {
-                st = self.shared.run_head(st);
-                continue;
+                if run_queued {
+                    st = self.shared.run_head(st);
+                    continue;
+                }
+                self.shared.work.notify_one();
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -337,6 +352,39 @@ mod tests {
             .unwrap();
         assert!(p.wait(first, Some(Duration::from_secs(5))).unwrap());
         assert!(rx.recv().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_waiter_that_does_not_run_jobs_wakes_the_thread_for_them() {
+        let p = Progress::new("test-progress").unwrap();
+        let me = std::thread::current().id();
+        let ran_on = Arc::new(Mutex::new(None));
+        let r = Arc::clone(&ran_on);
+        // Not woken at submission: only the waiter's nudge starts the thread.
+        let t = p
+            .submit(
+                Box::new(move || *r.lock().unwrap() = Some(std::thread::current().id())),
+                false,
+            )
+            .unwrap();
+        assert!(p.wait_for(t, Some(Duration::from_secs(5)), false).unwrap());
+        let ran = ran_on.lock().unwrap().expect("the job ran");
+        assert_ne!(ran, me);
+        // A slow job run by the thread: the waiter gives up at its timeout.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let slow = p
+            .submit(
+                Box::new(move || {
+                    let _ = rx.recv();
+                }),
+                false,
+            )
+            .unwrap();
+        assert!(!p
+            .wait_for(slow, Some(Duration::from_millis(20)), false)
+            .unwrap());
+        tx.send(()).unwrap();
+        assert!(p.wait(slow, Some(Duration::from_secs(5))).unwrap());
     }
 
     #[test]

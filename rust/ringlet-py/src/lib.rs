@@ -549,6 +549,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?)?;
     m.add_function(wrap_pyfunction!(algorithms::shift_one_peer, m)?)?;
     m.add_class::<progress::Progress>()?;
+    m.add_class::<progress::NativeJob>()?;
     m.add_class::<rpc::RpcAgent>()?;
     m.add_class::<rpc::RpcMessage>()?;
     m.add_class::<rpc::RpcReply>()?;

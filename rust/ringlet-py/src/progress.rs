@@ -1,13 +1,86 @@
 //! `ringlet._core.Progress`: the ordered progress queue of a process group.
-//! Jobs are Python callables; the queue's thread (or a waiter that runs
-//! queued jobs itself) takes the GIL only while a callable runs, and every
-//! callable releases it again around its engine calls.
+//! Jobs are Python callables, or engine calls queued as they are
+//! ([`NativeJob`]: no Python between the queue and the engine). The queue's
+//! thread (or a waiter that runs queued jobs itself) takes the GIL only
+//! while a Python callable runs, and every callable releases it again around
+//! its engine calls; a native job never takes it.
 
 use crate::{run, Communicator};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use ringlet_core as core;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// What a native job left: None until it ran; the engine's result, or the
+/// message of a panic.
+type Outcome = Arc<Mutex<Option<Result<core::Result<()>, String>>>>;
+
+/// One engine call queued on a [`Progress`] queue (`submit_all_reduce`,
+/// `submit_broadcast`): its ticket, and its outcome once the ticket is done.
+#[pyclass(module = "ringlet._core", frozen)]
+pub struct NativeJob {
+    ticket: u64,
+    outcome: Outcome,
+}
+
+#[pymethods]
+impl NativeJob {
+    /// The job's ticket on its queue.
+    #[getter]
+    fn ticket(&self) -> u64 {
+        self.ticket
+    }
+
+    /// The exception the engine call failed with (an instance, not raised),
+    /// or None when it succeeded. Only valid once the ticket is done: raises
+    /// RuntimeError before (or when the queue was closed before it ran).
+    fn error(&self, py: Python<'_>) -> PyResult<Option<PyObject>> {
+        let guard = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        match &*guard {
+            None => Err(PyRuntimeError::new_err(
+                "the queued operation has not run (or its process group was closed first)",
+            )),
+            Some(Ok(Ok(()))) => Ok(None),
+            Some(Ok(Err(e))) => Ok(Some(
+                crate::errors::to_pyerr(e.clone()).into_value(py).into_any(),
+            )),
+            Some(Err(panic)) => Ok(Some(
+                PyRuntimeError::new_err(panic.clone())
+                    .into_value(py)
+                    .into_any(),
+            )),
+        }
+    }
+}
+
+impl Progress {
+    /// Queues `f` on `comm` as a job that runs without the GIL; `keep` (the
+    /// Python objects owning the buffers `f` uses) lives until the job ended.
+    fn submit_native(
+        &self,
+        py: Python<'_>,
+        comm: &Communicator,
+        keep: PyObject,
+        wake: bool,
+        f: impl FnOnce(&mut core::Communicator) -> core::Result<()> + Send + 'static,
+    ) -> PyResult<NativeJob> {
+        let outcome: Outcome = Arc::new(Mutex::new(None));
+        let (slot, shared) = (Arc::clone(&outcome), comm.inner.clone());
+        let job: core::progress::Job = Box::new(move || {
+            let out = catch_unwind(AssertUnwindSafe(|| shared.with(f)))
+                .map_err(|p| core::error::panic_message(&*p));
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(out);
+            // Without the GIL, pyo3 defers this reference's release to the
+            // next time a thread takes it.
+            drop(keep);
+        });
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        let ticket = run(py, move || queue.submit(job, wake))?;
+        Ok(NativeJob { ticket, outcome })
+    }
+}
 
 #[pyclass(module = "ringlet._core", frozen)]
 pub struct Progress {
@@ -94,6 +167,56 @@ impl Progress {
         }
     }
 
+    /// Queues `comm.all_reduce(ptr, nbytes, dtype_name, op_name)` as a native
+    /// job (no Python callable between the queue and the engine). `keep`
+    /// must own the buffer (the tensor, or a list holding it): it is held
+    /// until the job ended. Returns the job's handle.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (comm, ptr, nbytes, dtype_name, op_name, keep, wake=true))]
+    fn submit_all_reduce(
+        &self,
+        py: Python<'_>,
+        comm: &Communicator,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        op_name: &str,
+        keep: PyObject,
+        wake: bool,
+    ) -> PyResult<NativeJob> {
+        let (d, o) = (crate::dtype(dtype_name)?, crate::op(op_name)?);
+        let buf = crate::raw_buf(ptr, nbytes)?;
+        self.submit_native(py, comm, keep, wake, move |c| {
+            // SAFETY: `keep` owns the contiguous CPU tensor at `ptr` of
+            // `nbytes` bytes and is held until this job ended; the caller
+            // does not touch the tensor until the job is done.
+            c.all_reduce(unsafe { buf.slice_mut() }, d, o)
+        })
+    }
+
+    /// Queues `comm.broadcast(ptr, nbytes, dtype_name, root)` as a native
+    /// job; `keep` as in `submit_all_reduce`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (comm, ptr, nbytes, dtype_name, root, keep, wake=true))]
+    fn submit_broadcast(
+        &self,
+        py: Python<'_>,
+        comm: &Communicator,
+        ptr: usize,
+        nbytes: usize,
+        dtype_name: &str,
+        root: usize,
+        keep: PyObject,
+        wake: bool,
+    ) -> PyResult<NativeJob> {
+        let d = crate::dtype(dtype_name)?;
+        let buf = crate::raw_buf(ptr, nbytes)?;
+        self.submit_native(py, comm, keep, wake, move |c| {
+            // SAFETY: as in `submit_all_reduce`.
+            c.broadcast(unsafe { buf.slice_mut() }, d, root)
+        })
+    }
+
     /// Whether the job of `ticket` has run.
     fn is_done(&self, ticket: u64) -> PyResult<bool> {
         let queue = self.get().map_err(crate::errors::to_pyerr)?;
@@ -102,11 +225,19 @@ impl Progress {
 
     /// Waits (GIL released) until the job of `ticket` has run; False when
     /// `timeout_s` passed first. Runs queued jobs itself when none is running.
-    #[pyo3(signature = (ticket, timeout_s=None))]
-    fn wait(&self, py: Python<'_>, ticket: u64, timeout_s: Option<f64>) -> PyResult<bool> {
+    /// With `run_queued=False` it never runs a job itself (the thread does):
+    /// a job blocked on its peers then cannot hold the caller past `timeout_s`.
+    #[pyo3(signature = (ticket, timeout_s=None, run_queued=true))]
+    fn wait(
+        &self,
+        py: Python<'_>,
+        ticket: u64,
+        timeout_s: Option<f64>,
+        run_queued: bool,
+    ) -> PyResult<bool> {
         let timeout = timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
         let queue = self.get().map_err(crate::errors::to_pyerr)?;
-        run(py, move || queue.wait(ticket, timeout))
+        run(py, move || queue.wait_for(ticket, timeout, run_queued))
     }
 
     /// Jobs queued or running.
