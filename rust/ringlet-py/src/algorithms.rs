@@ -4,7 +4,7 @@
 //! methods), the asynchronous averager, and the MinMaxUInt8 codec on raw
 //! buffers (for tests and benchmarks).
 
-use crate::{dtype, raw_buf, run, Communicator};
+use crate::{dtype, raw_buf, run, run_in_out, Communicator};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -81,6 +81,24 @@ fn locked<T>(op: &SharedOp<T>) -> PyResult<std::sync::MutexGuard<'_, T>> {
     })
 }
 
+/// Runs `f` on the operation, with the GIL released (see [`run`]); `what`
+/// names it in the error when an earlier panic poisoned its state.
+fn run_locked<T: Send, R: Send>(
+    py: Python<'_>,
+    op: &SharedOp<T>,
+    what: &'static str,
+    f: impl FnOnce(&mut T) -> core::Result<R> + Send,
+) -> PyResult<R> {
+    let op = SharedOp::clone(op);
+    run(py, move || {
+        let mut op = op.0.lock().map_err(|_| core::Error::Io {
+            context: what.into(),
+            message: "state poisoned by an earlier panic".into(),
+        })?;
+        f(&mut op)
+    })
+}
+
 /// Sum or mean of a bucket over the group, exact or compressed
 /// (`compression="MinMaxUInt8"`), with optional error feedback.
 #[pyclass(module = "ringlet._core", frozen)]
@@ -98,10 +116,7 @@ impl CentralizedOp {
         compression: Option<&str>,
         error_feedback: bool,
     ) -> PyResult<Self> {
-        let compress = match compression {
-            None => None,
-            Some(name) => Some(alg::Codec::by_name(name).map_err(crate::errors::to_pyerr)?),
-        };
+        let compress = compression.map(codec).transpose()?;
         let op = alg::CentralizedOp::new(comms.inner.clone(), average, compress, error_feedback)
             .map_err(crate::errors::to_pyerr)?;
         Ok(CentralizedOp {
@@ -121,12 +136,7 @@ impl CentralizedOp {
         key: u64,
     ) -> PyResult<()> {
         let (d, buf) = (dtype(dtype_name)?, raw_buf(ptr, nbytes)?);
-        let op = SharedOp::clone(&self.op);
-        run(py, move || {
-            let mut op = op.0.lock().map_err(|_| core::Error::Io {
-                context: "a centralized operation".into(),
-                message: "state poisoned by an earlier panic".into(),
-            })?;
+        run_locked(py, &self.op, "a centralized operation", move |op| {
             // SAFETY: per this method's contract, `nbytes` of host memory at
             // `ptr` that nothing else touches during the call.
             op.apply(unsafe { buf.slice_mut() }, d, key)
@@ -177,12 +187,7 @@ impl DecentralizedOp {
     /// Hierarchical: copies the host leader's peer weight to the host's
     /// ranks (collective over the host); flat: nothing.
     fn share_peer_weight(&self, py: Python<'_>) -> PyResult<()> {
-        let op = SharedOp::clone(&self.op);
-        run(py, move || {
-            let mut op = op.0.lock().map_err(|_| core::Error::Io {
-                context: "a decentralized operation".into(),
-                message: "state poisoned by an earlier panic".into(),
-            })?;
+        run_locked(py, &self.op, "a decentralized operation", |op| {
             op.share_peer_weight()
         })
     }
@@ -407,10 +412,7 @@ impl OuterSync {
         compression: Option<&str>,
         error_feedback: bool,
     ) -> PyResult<Self> {
-        let codec = match compression {
-            None => None,
-            Some(name) => Some(alg::Codec::by_name(name).map_err(crate::errors::to_pyerr)?),
-        };
+        let codec = compression.map(codec).transpose()?;
         let p = host_tensor(pseudo.0, pseudo.1, dtype_name, pseudo.2)?;
         let a = host_tensor(avg.0, avg.1, dtype_name, avg.2)?;
         let inner = alg::outer::OuterSync::new(comms.inner.clone(), codec, error_feedback, p, a)
@@ -508,14 +510,14 @@ pub(crate) fn codec_compress(
     out_ptr: usize,
     out_nbytes: usize,
 ) -> PyResult<()> {
-    let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
-    let d = dtype(dtype_name)?;
-    let (i, o) = crate::in_out(in_ptr, nbytes, out_ptr, out_nbytes)?;
-    // SAFETY: two distinct (checked) contiguous CPU tensors the caller keeps
-    // alive and does not touch during the call.
-    run(py, move || {
-        c.compress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
-    })
+    with_codec(
+        py,
+        codec,
+        dtype_name,
+        (in_ptr, nbytes),
+        (out_ptr, out_nbytes),
+        |c, d, i, o| c.compress(d, i, o),
+    )
 }
 
 /// The codec's decompression of `in_nbytes` at `in_ptr` into `nbytes` of
@@ -531,13 +533,33 @@ pub(crate) fn codec_decompress(
     nbytes: usize,
     dtype_name: &str,
 ) -> PyResult<()> {
-    let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
-    let d = dtype(dtype_name)?;
-    let (i, o) = crate::in_out(in_ptr, in_nbytes, out_ptr, nbytes)?;
-    // SAFETY: as in `codec_compress`.
-    run(py, move || {
-        c.decompress(d, unsafe { i.slice() }, unsafe { o.slice_mut() })
-    })
+    with_codec(
+        py,
+        codec,
+        dtype_name,
+        (in_ptr, in_nbytes),
+        (out_ptr, nbytes),
+        |c, d, i, o| c.decompress(d, i, o),
+    )
+}
+
+/// The codec named `name` (`"MinMaxUInt8"` or `"MinMaxUInt4"`).
+fn codec(name: &str) -> PyResult<alg::Codec> {
+    alg::Codec::by_name(name).map_err(crate::errors::to_pyerr)
+}
+
+/// Runs `f` with the codec named `codec`, the dtype named `dtype_name` and
+/// the input and output buffers (see [`run_in_out`]).
+fn with_codec(
+    py: Python<'_>,
+    codec: &str,
+    dtype_name: &str,
+    input: (usize, usize),
+    output: (usize, usize),
+    f: impl FnOnce(alg::Codec, core::DType, &[u8], &mut [u8]) -> core::Result<()> + Send,
+) -> PyResult<()> {
+    let (c, d) = (self::codec(codec)?, dtype(dtype_name)?);
+    run_in_out(py, input, output, move |i, o| f(c, d, i, o))
 }
 
 /// Bytes a chunk of `elements` elements of `dtype_name` compresses to.
@@ -547,6 +569,6 @@ pub(crate) fn codec_compressed_len(
     dtype_name: &str,
     elements: usize,
 ) -> PyResult<usize> {
-    let c = alg::Codec::by_name(codec).map_err(crate::errors::to_pyerr)?;
+    let c = self::codec(codec)?;
     Ok(c.compressed_len(dtype(dtype_name)?, elements))
 }

@@ -76,6 +76,23 @@ fn in_out(
     core::buf::in_out(in_ptr, in_len, out_ptr, out_len).map_err(errors::to_pyerr)
 }
 
+/// Runs `f` with the GIL released (see [`run`]) on the input and output
+/// buffers of an out-of-place call, each a (data pointer, byte size) pair,
+/// checked not to overlap.
+pub(crate) fn run_in_out<T: Send>(
+    py: Python<'_>,
+    input: (usize, usize),
+    output: (usize, usize),
+    f: impl FnOnce(&[u8], &mut [u8]) -> core::Result<T> + Send,
+) -> PyResult<T> {
+    let (i, o) = in_out(input.0, input.1, output.0, output.1)?;
+    // SAFETY: two distinct (checked) contiguous CPU tensors that the Python
+    // wrapper keeps referenced, and leaves alone, for the whole call.
+    run(py, move || {
+        f(unsafe { i.slice() }, unsafe { o.slice_mut() })
+    })
+}
+
 /// A listening TCP socket; its port is published before connecting.
 #[pyclass(module = "ringlet._core")]
 struct Listener {
@@ -120,6 +137,18 @@ impl Communicator {
         f: impl FnOnce(&mut core::Communicator) -> core::Result<T> + Send,
     ) -> PyResult<T> {
         run(py, || self.inner.with(f))
+    }
+
+    /// [`Communicator::with`] for an out-of-place collective: `f` gets the
+    /// input and output buffers (see [`run_in_out`]).
+    fn with_in_out(
+        &self,
+        py: Python<'_>,
+        input: (usize, usize),
+        output: (usize, usize),
+        f: impl FnOnce(&mut core::Communicator, &[u8], &mut [u8]) -> core::Result<()> + Send,
+    ) -> PyResult<()> {
+        run_in_out(py, input, output, |i, o| self.inner.with(|c| f(c, i, o)))
     }
 }
 
@@ -260,11 +289,8 @@ impl Communicator {
         op_name: &str,
     ) -> PyResult<()> {
         let (d, o) = (dtype(dtype_name)?, op(op_name)?);
-        let (i, out) = in_out(in_ptr, nbytes, out_ptr, nbytes)?;
-        // SAFETY: two distinct (checked) contiguous CPU tensors of `nbytes`
-        // kept alive by the Python wrapper for the whole call.
-        self.with(py, move |c| {
-            c.all_reduce_into(unsafe { i.slice() }, unsafe { out.slice_mut() }, d, o)
+        self.with_in_out(py, (in_ptr, nbytes), (out_ptr, nbytes), move |c, i, out| {
+            c.all_reduce_into(i, out, d, o)
         })
     }
 
@@ -278,12 +304,12 @@ impl Communicator {
         dtype_name: &str,
     ) -> PyResult<()> {
         let d = dtype(dtype_name)?;
-        let (i, o) = in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
-        // SAFETY: two distinct (checked) contiguous CPU tensors kept alive by
-        // the Python wrapper for the whole call.
-        self.with(py, move |c| {
-            c.all_gather(unsafe { i.slice() }, unsafe { o.slice_mut() }, d)
-        })
+        self.with_in_out(
+            py,
+            (in_ptr, in_nbytes),
+            (out_ptr, out_nbytes),
+            move |c, i, o| c.all_gather(i, o, d),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -298,11 +324,12 @@ impl Communicator {
         op_name: &str,
     ) -> PyResult<()> {
         let (d, op) = (dtype(dtype_name)?, op(op_name)?);
-        let (i, o) = in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
-        // SAFETY: as in all_gather.
-        self.with(py, move |c| {
-            c.reduce_scatter(unsafe { i.slice() }, unsafe { o.slice_mut() }, d, op)
-        })
+        self.with_in_out(
+            py,
+            (in_ptr, in_nbytes),
+            (out_ptr, out_nbytes),
+            move |c, i, o| c.reduce_scatter(i, o, d, op),
+        )
     }
 
     fn broadcast(
@@ -333,17 +360,12 @@ impl Communicator {
         dtype_name: &str,
     ) -> PyResult<()> {
         let d = dtype(dtype_name)?;
-        let (i, o) = in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
-        // SAFETY: as in all_gather.
-        self.with(py, move |c| {
-            c.all_to_all_v(
-                unsafe { i.slice() },
-                &send_counts,
-                unsafe { o.slice_mut() },
-                &recv_counts,
-                d,
-            )
-        })
+        self.with_in_out(
+            py,
+            (in_ptr, in_nbytes),
+            (out_ptr, out_nbytes),
+            move |c, i, o| c.all_to_all_v(i, &send_counts, o, &recv_counts, d),
+        )
     }
 
     fn send(

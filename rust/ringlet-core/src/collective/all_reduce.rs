@@ -10,10 +10,25 @@ use crate::group::Communicator;
 
 const OP: &str = "all_reduce";
 
+/// An all-reduce's arguments, checked by the entry points and handed on, as
+/// one value, to the flat or the two-level algorithm: the reduction of
+/// `input` when given (out of place), else of `buf`, into `buf`.
+pub(crate) struct AllReduce<'a> {
+    pub(crate) input: Option<&'a [u8]>,
+    pub(crate) buf: &'a mut [u8],
+    pub(crate) dtype: DType,
+    pub(crate) op: ReduceOp,
+}
+
 impl Communicator {
     /// Reduces `buf` (elements of `dtype`) across all ranks, in place.
     pub fn all_reduce(&mut self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> Result<()> {
-        self.reduce_all(None, buf, dtype, op)
+        self.reduce_all(AllReduce {
+            input: None,
+            buf,
+            dtype,
+            op,
+        })
     }
 
     /// Reduces `input` across all ranks into `out` (the same length),
@@ -35,22 +50,21 @@ impl Communicator {
                 out.len()
             )));
         }
-        self.reduce_all(Some(input), out, dtype, op)
+        self.reduce_all(AllReduce {
+            input: Some(input),
+            buf: out,
+            dtype,
+            op,
+        })
     }
 
-    /// The all-reduce into `buf`, of `input` when given (else of `buf`).
-    fn reduce_all(
-        &mut self,
-        input: Option<&[u8]>,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        op.check(dtype)?;
-        super::elements(buf.len(), dtype, OP)?;
+    /// Checks the arguments of either entry point and runs the all-reduce.
+    fn reduce_all(&mut self, args: AllReduce<'_>) -> Result<()> {
+        args.op.check(args.dtype)?;
+        super::elements(args.buf.len(), args.dtype, OP)?;
         if self.levels.is_some() {
-            return self.all_reduce_levels(input, buf, dtype, op);
+            return self.all_reduce_levels(args);
         }
-        self.all_reduce_flat(input, buf, dtype, op)
+        self.all_reduce_flat(args)
     }
 }

@@ -9,11 +9,11 @@
 //! corrupted data.
 
 mod all_gather;
-mod all_reduce;
+pub(crate) mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
-mod reduce_scatter;
+pub(crate) mod reduce_scatter;
 mod send_recv;
 
 use crate::dtype::DType;

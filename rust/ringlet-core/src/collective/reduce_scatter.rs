@@ -10,6 +10,16 @@ use crate::group::Communicator;
 
 const OP: &str = "reduce_scatter";
 
+/// A reduce-scatter's arguments, checked by [`Communicator::reduce_scatter`]
+/// and handed on, as one value, to the flat or the two-level algorithm (the
+/// two-level one also runs the flat one on buffers it sized itself).
+pub(crate) struct ReduceScatter<'a> {
+    pub(crate) input: &'a [u8],
+    pub(crate) output: &'a mut [u8],
+    pub(crate) dtype: DType,
+    pub(crate) op: ReduceOp,
+}
+
 impl Communicator {
     /// Reduces block r of every rank's `input` into this rank's `output`
     /// (`input.len() == size * output.len()`).
@@ -32,9 +42,15 @@ impl Communicator {
                 output.len()
             )));
         }
+        let args = ReduceScatter {
+            input,
+            output,
+            dtype,
+            op,
+        };
         if self.levels.is_some() {
-            return self.reduce_scatter_levels(input, output, dtype, op);
+            return self.reduce_scatter_levels(args);
         }
-        self.reduce_scatter_flat(input, output, dtype, op)
+        self.reduce_scatter_flat(args)
     }
 }

@@ -39,6 +39,7 @@
 use super::{
     part_bytes, pieces, scratch, split_ref_mut, via_f32, Reused, RingOrder, CMA_PIECE, TCP_SMALL,
 };
+use crate::collective::all_reduce::AllReduce;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -58,31 +59,27 @@ const TCP_CHUNK: usize = 1 << 20;
 impl Communicator {
     /// The all-reduce into `buf`, of `input` when given (else of `buf`), on
     /// one level.
-    pub(crate) fn all_reduce_flat(
-        &mut self,
-        input: Option<&[u8]>,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let count = buf.len() / dtype.size();
+    pub(crate) fn all_reduce_flat(&mut self, args: AllReduce<'_>) -> Result<()> {
+        let count = args.buf.len() / args.dtype.size();
         self.guarded(|c| {
-            let desc = c.next_desc(OpKind::AllReduce, dtype, Some(op), count, 0);
-            if let (Some(src), Link::Shm { shm, .. }) = (input, &mut c.link) {
-                if one_phase(shm, &c.cfg, buf.len()) {
+            let desc = c.next_desc(OpKind::AllReduce, args.dtype, Some(args.op), count, 0);
+            if let (Some(src), Link::Shm { shm, .. }) = (args.input, &mut c.link) {
+                if one_phase(shm, &c.cfg, args.buf.len()) {
                     stage(shm, &desc, src)?;
-                    return shm.reduce_all_slots(dtype, op, 0, buf);
+                    return shm.reduce_all_slots(args.dtype, args.op, 0, args.buf);
                 }
             }
-            if let Some(src) = input {
-                buf.copy_from_slice(src);
+            if let Some(src) = args.input {
+                args.buf.copy_from_slice(src);
             }
             match &mut c.link {
                 Link::Local => Ok(()),
-                Link::Shm { shm, .. } => shm_all_reduce(shm, &c.cfg, desc, buf, dtype, op),
+                Link::Shm { shm, .. } => {
+                    shm_all_reduce(shm, &c.cfg, desc, args.buf, args.dtype, args.op)
+                }
                 Link::Tcp(mesh) => {
                     mesh.agree(&desc, c.cfg.timeout)?;
-                    tcp_all_reduce(mesh, &c.cfg, buf, dtype, op)
+                    tcp_all_reduce(mesh, &c.cfg, args.buf, args.dtype, args.op)
                 }
             }
         })

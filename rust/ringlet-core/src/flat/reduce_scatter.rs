@@ -12,6 +12,7 @@
 
 use super::all_reduce::Ring;
 use super::{pieces, Reused, RingOrder, CMA_PIECE};
+use crate::collective::reduce_scatter::ReduceScatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -25,27 +26,27 @@ const OP: &str = "reduce_scatter";
 impl Communicator {
     /// Reduces block r of every rank's `input` into this rank's `output`
     /// (`input.len() == size * output.len()`), on one level.
-    pub(crate) fn reduce_scatter_flat(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let count = output.len() / dtype.size();
+    pub(crate) fn reduce_scatter_flat(&mut self, args: ReduceScatter<'_>) -> Result<()> {
+        let count = args.output.len() / args.dtype.size();
         self.guarded(|c| {
-            let desc = c.next_desc(OpKind::ReduceScatter, dtype, Some(op), count, 0);
+            let desc = c.next_desc(OpKind::ReduceScatter, args.dtype, Some(args.op), count, 0);
             match &mut c.link {
                 Link::Local => {
-                    output.copy_from_slice(input);
+                    args.output.copy_from_slice(args.input);
                     Ok(())
                 }
-                Link::Shm { shm, .. } => {
-                    shm_reduce_scatter(shm, &c.cfg, desc, input, output, dtype, op)
-                }
+                Link::Shm { shm, .. } => shm_reduce_scatter(
+                    shm,
+                    &c.cfg,
+                    desc,
+                    args.input,
+                    args.output,
+                    args.dtype,
+                    args.op,
+                ),
                 Link::Tcp(mesh) => {
                     mesh.agree(&desc, c.cfg.timeout)?;
-                    tcp_reduce_scatter(mesh, &c.cfg, input, output, dtype, op)
+                    tcp_reduce_scatter(mesh, &c.cfg, args.input, args.output, args.dtype, args.op)
                 }
             }
         })

@@ -11,6 +11,8 @@
 //! send, spread over all of the host's ranks.
 
 use super::{bytes, chunks, give, pipeline, round_up, take, view, LocalSide, Net, Plan};
+use crate::collective::all_reduce::AllReduce;
+use crate::collective::reduce_scatter::ReduceScatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::flat::all_reduce::doubling;
@@ -22,24 +24,18 @@ use crate::transport::OpKind;
 
 impl Communicator {
     /// `all_reduce` / `all_reduce_into` on a communicator with levels.
-    pub(crate) fn all_reduce_levels(
-        &mut self,
-        input: Option<&[u8]>,
-        buf: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let esz = dtype.size();
-        let count = buf.len() / esz;
+    pub(crate) fn all_reduce_levels(&mut self, args: AllReduce<'_>) -> Result<()> {
+        let esz = args.dtype.size();
+        let count = args.buf.len() / esz;
         self.two_level(
             OpKind::AllReduce,
-            dtype,
-            Some(op),
+            args.dtype,
+            Some(args.op),
             count,
             0,
             |lv, net, stop| {
-                if let Some(src) = input {
-                    buf.copy_from_slice(src);
+                if let Some(src) = args.input {
+                    args.buf.copy_from_slice(src);
                 }
                 if count == 0 {
                     return Ok(());
@@ -48,16 +44,16 @@ impl Communicator {
                 let pe = plan.piece_elems(count, esz);
                 let pieces = count.div_ceil(pe);
                 let mut side = Side {
-                    chunks: chunks(buf, pe * esz),
+                    chunks: chunks(args.buf, pe * esz),
                     pool: &mut lv.pool,
-                    dtype,
-                    op,
+                    dtype: args.dtype,
+                    op: args.op,
                     unit: plan.channels,
                     width: plan.local_size(),
                     hosts: plan.hosts(),
                 };
                 pipeline(&mut lv.local, &mut side, pieces, stop, |_, p, next| {
-                    cross(plan, net, p, next, dtype, op)
+                    cross(plan, net, p, next, args.dtype, args.op)
                 })
             },
         )
@@ -107,14 +103,24 @@ impl<'a> LocalSide for Side<'a, '_> {
         let mut shard = take(self.pool, sb);
         let tmp = take(self.pool, tmp_bytes);
         let stage = if n == real {
-            local.reduce_scatter_flat(data, bytes(&mut shard, sb), self.dtype, self.op)?;
+            local.reduce_scatter_flat(ReduceScatter {
+                input: data,
+                output: bytes(&mut shard, sb),
+                dtype: self.dtype,
+                op: self.op,
+            })?;
             None
         } else {
             let mut st = take(self.pool, n * esz);
             let s = bytes(&mut st, n * esz);
             s[..data.len()].copy_from_slice(data);
             s[data.len()..].fill(0);
-            local.reduce_scatter_flat(s, bytes(&mut shard, sb), self.dtype, self.op)?;
+            local.reduce_scatter_flat(ReduceScatter {
+                input: s,
+                output: bytes(&mut shard, sb),
+                dtype: self.dtype,
+                op: self.op,
+            })?;
             Some(st)
         };
         Ok(Piece {

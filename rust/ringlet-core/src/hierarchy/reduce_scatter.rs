@@ -12,6 +12,7 @@
 //!   Each host sends (H-1)/H of the input, the least possible.
 
 use super::{bytes, chunks, give, pipeline, take, LocalSide, Net, Plan};
+use crate::collective::reduce_scatter::ReduceScatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::Communicator;
@@ -20,20 +21,14 @@ use crate::transport::OpKind;
 
 impl Communicator {
     /// `reduce_scatter` on a communicator with levels.
-    pub(crate) fn reduce_scatter_levels(
-        &mut self,
-        input: &[u8],
-        output: &mut [u8],
-        dtype: DType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let esz = dtype.size();
-        let count = output.len() / esz;
+    pub(crate) fn reduce_scatter_levels(&mut self, args: ReduceScatter<'_>) -> Result<()> {
+        let esz = args.dtype.size();
+        let count = args.output.len() / esz;
         let p = self.size();
         self.two_level(
             OpKind::ReduceScatter,
-            dtype,
-            Some(op),
+            args.dtype,
+            Some(args.op),
             count,
             0,
             |lv, net, stop| {
@@ -45,16 +40,16 @@ impl Communicator {
                 let pieces = count.div_ceil(q);
                 let mut side = Side {
                     plan,
-                    input,
-                    outputs: chunks(output, q * esz),
+                    input: args.input,
+                    outputs: chunks(args.output, q * esz),
                     pool: &mut lv.pool,
-                    dtype,
-                    op,
+                    dtype: args.dtype,
+                    op: args.op,
                     q,
                     count,
                 };
                 pipeline(&mut lv.local, &mut side, pieces, stop, |_, piece, next| {
-                    cross(plan, net, piece, next, dtype, op, q)
+                    cross(plan, net, piece, next, args.dtype, args.op, q)
                 })
             },
         )
@@ -106,7 +101,12 @@ impl<'a> LocalSide for Side<'a, '_> {
             }
             let mine = w * q / l * esz;
             let out = &mut bytemuck::cast_slice_mut(&mut parts)[at..at + mine];
-            local.reduce_scatter_flat(region, out, self.dtype, self.op)?;
+            local.reduce_scatter_flat(ReduceScatter {
+                input: region,
+                output: out,
+                dtype: self.dtype,
+                op: self.op,
+            })?;
             at += mine;
         }
         give(self.pool, [stage]);
