@@ -265,8 +265,20 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     b = torch.arange(4.0) * (rank + 1)
     bfut = dist.broadcast(b, src=world - 1, async_op=True).get_future()
     polled = dist.all_reduce(torch.full((2,), float(rank)), op=dist.ReduceOp.MAX, async_op=True)
+    gathered = torch.zeros(3 * world)
+    gfut = dist.all_gather_into_tensor(gathered, torch.full((3,), float(rank)),
+                                       async_op=True).get_future()
+    shard = torch.zeros(2)
+    swork = dist.reduce_scatter_tensor(shard, torch.arange(2.0 * world) * (rank + 1),
+                                       async_op=True)
     sync = torch.ones(2)
     dist.all_reduce(sync)
+    assert swork.is_completed() and swork.result() == [shard]
+    _same(shard, torch.arange(2.0 * rank, 2.0 * rank + 2) * total, "native reduce_scatter",
+          exact=True)
+    assert [c.tolist() for c in gfut.wait()] == [[float(r)] * 3 for r in range(world)]
+    _same(gathered, torch.arange(world, dtype=torch.float32).repeat_interleave(3),
+          "native all_gather_into_tensor", exact=True)
     assert polled.is_completed() and polled.is_success() and polled.exception() is None
     _same(polled.result()[0], torch.full((2,), float(world - 1)), "native job polled", exact=True)
     for i, x in enumerate(kept):

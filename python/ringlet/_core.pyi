@@ -119,6 +119,14 @@ class Progress:
         self, comm: Communicator, ptr: int, nbytes: int, dtype_name: str, root: int,
         keep: Any, wake: bool = True,
     ) -> NativeJob: ...
+    def submit_all_gather(
+        self, comm: Communicator, in_ptr: int, in_nbytes: int, out_ptr: int, out_nbytes: int,
+        dtype_name: str, keep: Any, wake: bool = True,
+    ) -> NativeJob: ...
+    def submit_reduce_scatter(
+        self, comm: Communicator, in_ptr: int, in_nbytes: int, out_ptr: int, out_nbytes: int,
+        dtype_name: str, op_name: str, keep: Any, wake: bool = True,
+    ) -> NativeJob: ...
     def is_done(self, ticket: int) -> bool: ...
     def wait(
         self, ticket: int, timeout_s: Optional[float] = None, run_queued: bool = True

@@ -40,7 +40,7 @@ __all__ = [
     "broadcast", "check", "check_int", "check_reduce_type", "disjoint", "dtype_name",
     "error_rank", "gather", "nbytes", "outer_sync", "overlaps", "plain_dtype", "ptr",
     "pseudo_gradient", "recv", "reduce_scatter", "scatter", "send", "span", "storage_ptr",
-    "submit_all_reduce", "submit_broadcast",
+    "submit_all_gather", "submit_all_reduce", "submit_broadcast", "submit_reduce_scatter",
     "traced", "world_all_gather", "world_all_reduce", "world_all_reduce_into",
     "world_broadcast", "world_reduce_scatter",
 ]
@@ -451,6 +451,37 @@ def submit_broadcast(queue: Any, comm: Any, t: torch.Tensor, root: int, dtype: s
       >>> job = submit_broadcast(queue, comm, weights, 0, "float32", [weights])
     """
     return queue.submit_broadcast(comm, t.data_ptr(), t.nbytes, dtype, root, keep, wake)
+
+
+def submit_all_gather(queue: Any, comm: Any, inp: torch.Tensor, out: torch.Tensor, dtype: str,
+                      keep: Any, wake: bool = True) -> Any:
+    """Queues :func:`all_gather` of contiguous ``inp`` into ``out`` (disjoint)
+    on ``queue`` as the engine call itself (see :func:`submit_all_reduce`).
+
+    Returns:
+      ringlet._core.NativeJob: Its ticket, and its error once it ran.
+
+    Example:
+      >>> job = submit_all_gather(queue, comm, mine, everyone, "float32", (mine, everyone))
+    """
+    return queue.submit_all_gather(comm, inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes,
+                                   dtype, keep, wake)
+
+
+def submit_reduce_scatter(queue: Any, comm: Any, inp: torch.Tensor, out: torch.Tensor, op: str,
+                          dtype: str, keep: Any, wake: bool = True) -> Any:
+    """Queues :func:`reduce_scatter` of contiguous ``inp`` into ``out``
+    (disjoint) on ``queue`` as the engine call itself (see
+    :func:`submit_all_reduce`).
+
+    Returns:
+      ringlet._core.NativeJob: Its ticket, and its error once it ran.
+
+    Example:
+      >>> job = submit_reduce_scatter(queue, comm, grads, shard, "sum", "float32", (grads, shard))
+    """
+    return queue.submit_reduce_scatter(comm, inp.data_ptr(), inp.nbytes, out.data_ptr(),
+                                       out.nbytes, dtype, op, keep, wake)
 
 
 def broadcast(comm: Any, t: torch.Tensor, root: int, dtype: Optional[str] = None) -> None:

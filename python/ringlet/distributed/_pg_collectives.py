@@ -176,7 +176,9 @@ class _Collectives:
                                         [t], wake=wake)
                 if not wake and self._run_now(engine.all_reduce, comm, t, red, name):
                     return _DONE
-                return self._submit_engine(engine.submit_all_reduce, comm, t, red, name, wake)
+                result = [t]
+                return self._submit_engine(engine.submit_all_reduce, result, result, wake,
+                                           comm, t, red, name)
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, op, opts)
         self._real_op(op, tensors, "all_reduce")
@@ -298,8 +300,9 @@ class _Collectives:
             comm = self._comm
             if (name is not None and comm is not None
                     and getattr(opts, "rootTensor", 0) == 0):  # queued as the engine call itself
-                return self._submit_engine(engine.submit_broadcast, comm, t, root, name,
-                                           _is_async(opts))
+                result = [t]
+                return self._submit_engine(engine.submit_broadcast, result, result,
+                                           _is_async(opts), comm, t, root, name)
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
         # Several tensors are torch's multi-device form (as gloo): the root's
         # tensor rootTensor goes into every tensor of every rank.
@@ -457,14 +460,17 @@ class _Collectives:
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         name = plain_dtype(input)
-        if name is not None and plain_dtype(output) == name:
-            nb = input.nbytes
-            comm = self._sync_comm(opts, nb * self._size)
-            if (comm is not None and output.nbytes == nb * self._size
-                    and disjoint(input, output)
-                    and self._run_now(comm.all_gather, ptr(input), nb,
-                                      ptr(output), output.nbytes, name)):
+        comm = self._comm
+        if (name is not None and comm is not None and plain_dtype(output) == name
+                and output.nbytes == input.nbytes * self._size and disjoint(input, output)):
+            wake = _is_async(opts)
+            if not wake and self._run_now(comm.all_gather, ptr(input), input.nbytes,
+                                          ptr(output), output.nbytes, name):
                 return _DONE
+            # Queued as the engine call itself; the future's value as gloo's
+            # (one tensor per rank).
+            return self._submit_engine(engine.submit_all_gather, list(output.chunk(self._size)),
+                                       (input, output), wake, comm, input, output, name)
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     @_torch_errors
@@ -558,16 +564,21 @@ class _Collectives:
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
     ) -> Work:
         name = plain_dtype(input)
-        comm = self._sync_comm(opts, input.nbytes) if name is not None else None
-        if comm is not None and plain_dtype(output) == name:
+        comm = self._comm if opts is not None else None
+        if name is not None and comm is not None and plain_dtype(output) == name:
             op = opts.reduceOp
             red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
             nb = input.nbytes
             if (red is not None and (red in _ANY_DTYPE or not input.is_floating_point())
-                    and output.nbytes * self._size == nb and disjoint(input, output)
-                    and self._run_now(comm.reduce_scatter, ptr(input), nb,
-                                      ptr(output), output.nbytes, name, red)):
-                return _DONE
+                    and output.nbytes * self._size == nb and disjoint(input, output)):
+                wake = _is_async(opts)
+                if not wake and self._run_now(comm.reduce_scatter, ptr(input), nb,
+                                              ptr(output), output.nbytes, name, red):
+                    return _DONE
+                # Queued as the engine call itself.
+                return self._submit_engine(engine.submit_reduce_scatter, [output],
+                                           (input, output), wake, comm, input, output, red,
+                                           name)
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     @_torch_errors

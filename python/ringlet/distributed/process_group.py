@@ -326,14 +326,14 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
         return work
 
     def _submit_engine(
-        self, submit: Callable[..., Any], comm: Any, t: torch.Tensor, arg: Any, dtype: str,
-        wake: bool,
+        self, submit: Callable[..., Any], result: list[Any], keep: Any, wake: bool,
+        *args: Any,
     ) -> Work:
-        """Queues one engine call on ``t`` as it is (``submit`` is
-        ``engine.submit_all_reduce`` or ``engine.submit_broadcast``, ``arg``
-        its reduce op or root): no Python job runs for it on the queue."""
-        result = [t]
-        job = submit(self._queue, comm, t, arg, dtype, result, wake)
+        """Queues one engine call as it is: ``submit`` (one of ``engine``'s
+        ``submit_*``) called with the group's queue, ``*args``, ``keep`` (what
+        owns the buffers) and ``wake``; no Python job runs for it on the
+        queue. The work's result (and future's value) is ``result``."""
+        job = submit(self._queue, *args, keep, wake)
         work = Work._native(self._queue, job, result, self._timeout)
         work._woken = wake
         if self._coalescing is not None:

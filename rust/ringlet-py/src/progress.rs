@@ -1,6 +1,7 @@
 //! `ringlet._core.Progress`: the ordered progress queue of a process group.
 //! Jobs are Python callables, or engine calls queued as they are
-//! ([`NativeJob`]: no Python between the queue and the engine). The queue's
+//! ([`NativeJob`]: all-reduce, broadcast, all-gather, reduce-scatter; no
+//! Python between the queue and the engine). The queue's
 //! thread (or a waiter that runs queued jobs itself) takes the GIL only
 //! while a Python callable runs, and every callable releases it again around
 //! its engine calls; a native job never takes it.
@@ -214,6 +215,56 @@ impl Progress {
         self.submit_native(py, comm, keep, wake, move |c| {
             // SAFETY: as in `submit_all_reduce`.
             c.broadcast(unsafe { buf.slice_mut() }, d, root)
+        })
+    }
+
+    /// Queues `comm.all_gather(in, out, dtype_name)` as a native job (the
+    /// buffers checked not to overlap); `keep` owns both buffers.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (comm, in_ptr, in_nbytes, out_ptr, out_nbytes, dtype_name, keep, wake=true))]
+    fn submit_all_gather(
+        &self,
+        py: Python<'_>,
+        comm: &Communicator,
+        in_ptr: usize,
+        in_nbytes: usize,
+        out_ptr: usize,
+        out_nbytes: usize,
+        dtype_name: &str,
+        keep: PyObject,
+        wake: bool,
+    ) -> PyResult<NativeJob> {
+        let d = crate::dtype(dtype_name)?;
+        let (i, o) = crate::in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
+        self.submit_native(py, comm, keep, wake, move |c| {
+            // SAFETY: two distinct (checked) contiguous CPU tensors owned by
+            // `keep`, held until this job ended and left alone meanwhile.
+            c.all_gather(unsafe { i.slice() }, unsafe { o.slice_mut() }, d)
+        })
+    }
+
+    /// Queues `comm.reduce_scatter(in, out, dtype_name, op_name)` as a
+    /// native job; `keep` owns both buffers.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (comm, in_ptr, in_nbytes, out_ptr, out_nbytes, dtype_name, op_name, keep, wake=true))]
+    fn submit_reduce_scatter(
+        &self,
+        py: Python<'_>,
+        comm: &Communicator,
+        in_ptr: usize,
+        in_nbytes: usize,
+        out_ptr: usize,
+        out_nbytes: usize,
+        dtype_name: &str,
+        op_name: &str,
+        keep: PyObject,
+        wake: bool,
+    ) -> PyResult<NativeJob> {
+        let (d, o) = (crate::dtype(dtype_name)?, crate::op(op_name)?);
+        let (i, out) = crate::in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
+        self.submit_native(py, comm, keep, wake, move |c| {
+            // SAFETY: as in `submit_all_gather`.
+            c.reduce_scatter(unsafe { i.slice() }, unsafe { out.slice_mut() }, d, o)
         })
     }
 
