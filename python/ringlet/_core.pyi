@@ -11,6 +11,53 @@ class Listener:
     @property
     def port(self) -> int: ...
 
+class Plan:
+    """Where a group's ranks sit across hosts: the one plan that both the
+    engine's two-level collectives and Bagua's hierarchical algorithms take
+    (``rust/ringlet-core/src/plan.rs``).
+
+    Args:
+      hosts (list[str]): Each group rank's host identity, by group rank.
+      rank (int): The group rank the plan is seen from.
+
+    Example:
+      >>> p = Plan(["a", "b", "b", "b"], 2)
+      >>> p.layout, p.host, p.index, p.leaders, p.even, p.flat
+      ([[0], [1, 2, 3]], 1, 1, [0, 1], False, False)
+    """
+
+    def __init__(self, hosts: list[str], rank: int) -> None: ...
+    @property
+    def layout(self) -> list[list[int]]:
+        """The group ranks of each host, hosts in order of their lowest rank."""
+    @property
+    def host(self) -> int:
+        """This rank's host (its place in ``layout``)."""
+    @property
+    def index(self) -> int:
+        """This rank's index among its host's ranks."""
+    @property
+    def local(self) -> list[int]:
+        """The group ranks on this rank's host."""
+    @property
+    def leaders(self) -> list[int]:
+        """Each host's first rank, hosts in order."""
+    @property
+    def even(self) -> bool:
+        """Whether every host holds the same number of ranks."""
+    @property
+    def has_channels(self) -> bool:
+        """Whether Bagua's levels have channel communicators (the ranks at one
+        index on every host): two hosts or more, each of the same number of
+        ranks, more than one."""
+    @property
+    def channels(self) -> int:
+        """Channels per cross-host buffer: the lcm of the hosts' rank counts."""
+    @property
+    def flat(self) -> bool:
+        """Whether the group's collectives stay on one level: one host, one
+        rank on every host, or more channels than the engine cuts buffers into."""
+
 class Communicator:
     """One rank's endpoint in a group of ranks."""
 
@@ -109,24 +156,15 @@ class Progress:
     def all_reduce_now(
         self, comm: Communicator, ptr: int, nbytes: int, dtype_name: str, op_name: str
     ) -> bool: ...
-    def submit_all_reduce(
-        self, comm: Communicator, ptr: int, nbytes: int, dtype_name: str, op_name: str,
-        keep: Any, wake: bool = True,
+    def submit_engine(
+        self, comm: Communicator, call: str, buffers: list[tuple[int, int]], dtype_name: str,
+        arg: Any = None, keep: Any = None, wake: bool = True,
     ) -> NativeJob:
-        """Queues the engine's all-reduce itself (no Python callable runs for
-        it); ``keep`` owns the buffer and is held until the job ended."""
-    def submit_broadcast(
-        self, comm: Communicator, ptr: int, nbytes: int, dtype_name: str, root: int,
-        keep: Any, wake: bool = True,
-    ) -> NativeJob: ...
-    def submit_all_gather(
-        self, comm: Communicator, in_ptr: int, in_nbytes: int, out_ptr: int, out_nbytes: int,
-        dtype_name: str, keep: Any, wake: bool = True,
-    ) -> NativeJob: ...
-    def submit_reduce_scatter(
-        self, comm: Communicator, in_ptr: int, in_nbytes: int, out_ptr: int, out_nbytes: int,
-        dtype_name: str, op_name: str, keep: Any, wake: bool = True,
-    ) -> NativeJob: ...
+        """Queues one engine call itself (no Python callable runs for it):
+        ``all_reduce`` / ``broadcast`` in place on ``[(ptr, nbytes)]``,
+        ``all_gather`` / ``reduce_scatter`` from the first buffer into the
+        second; ``arg`` the reduce op name or the root; ``keep`` owns the
+        buffers and is held until the job ended."""
     def is_done(self, ticket: int) -> bool: ...
     def wait(
         self, ticket: int, timeout_s: Optional[float] = None, run_queued: bool = True
@@ -188,8 +226,7 @@ class Comms:
     def hierarchical(
         intra: Communicator,
         inter: Optional[Communicator],
-        hosts: int,
-        size: int,
+        plan: Plan,
         channel: Optional[Communicator] = None,
     ) -> Comms: ...
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
 
 import numpy as np
@@ -40,7 +41,7 @@ __all__ = [
     "broadcast", "check", "check_int", "check_reduce_type", "disjoint", "dtype_name",
     "error_rank", "gather", "nbytes", "outer_sync", "overlaps", "plain_dtype", "ptr",
     "pseudo_gradient", "recv", "reduce_scatter", "scatter", "send", "span", "storage_ptr",
-    "submit_all_gather", "submit_all_reduce", "submit_broadcast", "submit_reduce_scatter",
+    "submit",
     "traced", "world_all_gather", "world_all_reduce", "world_all_reduce_into",
     "world_broadcast", "world_reduce_scatter",
 ]
@@ -413,75 +414,36 @@ def all_reduce(comm: Any, t: torch.Tensor, op: str = "sum", dtype: Optional[str]
     comm.all_reduce(t.data_ptr(), t.nbytes, dtype or dtype_name(t), op)
 
 
-def submit_all_reduce(queue: Any, comm: Any, t: torch.Tensor, op: str, dtype: str,
-                      keep: Any, wake: bool = True) -> Any:
-    """Queues :func:`all_reduce` of ``t`` over ``comm`` on the progress queue
-    ``queue`` as the engine call itself: the queue's thread (or a waiter)
-    runs it with no Python in between and never takes the GIL for it.
+def submit(queue: Any, comm: Any, call: str, tensors: Sequence[torch.Tensor], dtype: str,
+           arg: Any, keep: Any, wake: bool = True) -> Any:
+    """Queues one engine call on the progress queue ``queue`` as the call
+    itself: the queue's thread (or a waiter) runs it with no Python in
+    between and never takes the GIL for it.
 
     Args:
       queue (ringlet._core.Progress): The group's queue (issue order).
       comm (ringlet._core.Communicator): The ranks.
-      t (torch.Tensor): Contiguous CPU tensor; untouched until the job ran.
-      op (str): ``"sum"``, ``"min"``, ...
-      dtype (str): The engine's name of ``t``'s dtype.
-      keep (object): What owns ``t`` (held until the job ended).
+      call (str): ``"all_reduce"`` (``arg``: the reduce op) or ``"broadcast"``
+        (``arg``: the root) in place on ``tensors[0]``; ``"all_gather"`` or
+        ``"reduce_scatter"`` (``arg``: the reduce op) from ``tensors[0]`` into
+        ``tensors[1]`` (disjoint).
+      tensors (list[torch.Tensor]): Contiguous CPU tensors, untouched until
+        the job ran.
+      dtype (str): The engine's name of their dtype.
+      arg (str | int | None): As ``call`` says.
+      keep (object): What owns the tensors (held until the job ended).
       wake (bool): Wake the queue's thread (False: the caller waits at once).
 
     Returns:
       ringlet._core.NativeJob: Its ticket, and its error once it ran.
 
     Example:
-      >>> job = submit_all_reduce(queue, comm, t, "sum", "float32", [t])
+      >>> job = submit(queue, comm, "all_reduce", [t], "float32", "sum", [t])
       >>> queue.wait(job.ticket) and job.error() is None
       True
     """
-    return queue.submit_all_reduce(comm, t.data_ptr(), t.nbytes, dtype, op, keep, wake)
-
-
-def submit_broadcast(queue: Any, comm: Any, t: torch.Tensor, root: int, dtype: str,
-                     keep: Any, wake: bool = True) -> Any:
-    """Queues :func:`broadcast` of ``t`` from ``comm``'s rank ``root`` on
-    ``queue`` as the engine call itself (see :func:`submit_all_reduce`).
-
-    Returns:
-      ringlet._core.NativeJob: Its ticket, and its error once it ran.
-
-    Example:
-      >>> job = submit_broadcast(queue, comm, weights, 0, "float32", [weights])
-    """
-    return queue.submit_broadcast(comm, t.data_ptr(), t.nbytes, dtype, root, keep, wake)
-
-
-def submit_all_gather(queue: Any, comm: Any, inp: torch.Tensor, out: torch.Tensor, dtype: str,
-                      keep: Any, wake: bool = True) -> Any:
-    """Queues :func:`all_gather` of contiguous ``inp`` into ``out`` (disjoint)
-    on ``queue`` as the engine call itself (see :func:`submit_all_reduce`).
-
-    Returns:
-      ringlet._core.NativeJob: Its ticket, and its error once it ran.
-
-    Example:
-      >>> job = submit_all_gather(queue, comm, mine, everyone, "float32", (mine, everyone))
-    """
-    return queue.submit_all_gather(comm, inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes,
-                                   dtype, keep, wake)
-
-
-def submit_reduce_scatter(queue: Any, comm: Any, inp: torch.Tensor, out: torch.Tensor, op: str,
-                          dtype: str, keep: Any, wake: bool = True) -> Any:
-    """Queues :func:`reduce_scatter` of contiguous ``inp`` into ``out``
-    (disjoint) on ``queue`` as the engine call itself (see
-    :func:`submit_all_reduce`).
-
-    Returns:
-      ringlet._core.NativeJob: Its ticket, and its error once it ran.
-
-    Example:
-      >>> job = submit_reduce_scatter(queue, comm, grads, shard, "sum", "float32", (grads, shard))
-    """
-    return queue.submit_reduce_scatter(comm, inp.data_ptr(), inp.nbytes, out.data_ptr(),
-                                       out.nbytes, dtype, op, keep, wake)
+    return queue.submit_engine(comm, call, [(t.data_ptr(), t.nbytes) for t in tensors], dtype,
+                               arg, keep, wake)
 
 
 def broadcast(comm: Any, t: torch.Tensor, root: int, dtype: Optional[str] = None) -> None:

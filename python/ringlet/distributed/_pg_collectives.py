@@ -176,9 +176,7 @@ class _Collectives:
                                         [t], wake=wake)
                 if not wake and self._run_now(engine.all_reduce, comm, t, red, name):
                     return _DONE
-                result = [t]
-                return self._submit_engine(engine.submit_all_reduce, result, result, wake,
-                                           comm, t, red, name)
+                return self._submit_engine(comm, "all_reduce", [t], name, red, [t], wake)
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, op, opts)
         self._real_op(op, tensors, "all_reduce")
@@ -300,9 +298,8 @@ class _Collectives:
             comm = self._comm
             if (name is not None and comm is not None
                     and getattr(opts, "rootTensor", 0) == 0):  # queued as the engine call itself
-                result = [t]
-                return self._submit_engine(engine.submit_broadcast, result, result,
-                                           _is_async(opts), comm, t, root, name)
+                return self._submit_engine(comm, "broadcast", [t], name, root, [t],
+                                           _is_async(opts))
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
         # Several tensors are torch's multi-device form (as gloo): the root's
         # tensor rootTensor goes into every tensor of every rank.
@@ -469,8 +466,8 @@ class _Collectives:
                 return _DONE
             # Queued as the engine call itself; the future's value as gloo's
             # (one tensor per rank).
-            return self._submit_engine(engine.submit_all_gather, list(output.chunk(self._size)),
-                                       (input, output), wake, comm, input, output, name)
+            return self._submit_engine(comm, "all_gather", [input, output], name, None,
+                                       list(output.chunk(self._size)), wake)
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     @_torch_errors
@@ -576,9 +573,8 @@ class _Collectives:
                                               ptr(output), output.nbytes, name, red):
                     return _DONE
                 # Queued as the engine call itself.
-                return self._submit_engine(engine.submit_reduce_scatter, [output],
-                                           (input, output), wake, comm, input, output, red,
-                                           name)
+                return self._submit_engine(comm, "reduce_scatter", [input, output], name, red,
+                                           [output], wake)
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     @_torch_errors

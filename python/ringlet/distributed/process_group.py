@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from .. import _core, errors
-from ..core import connection, local_address
+from ..core import connection, engine, local_address
 from ..core.engine import check
 from . import _native
 from ._pg_args import _write_back
@@ -326,14 +326,13 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
         return work
 
     def _submit_engine(
-        self, submit: Callable[..., Any], result: list[Any], keep: Any, wake: bool,
-        *args: Any,
+        self, comm: Any, call: str, tensors: list[torch.Tensor], dtype: str, arg: Any,
+        result: list[Any], wake: bool,
     ) -> Work:
-        """Queues one engine call as it is: ``submit`` (one of ``engine``'s
-        ``submit_*``) called with the group's queue, ``*args``, ``keep`` (what
-        owns the buffers) and ``wake``; no Python job runs for it on the
-        queue. The work's result (and future's value) is ``result``."""
-        job = submit(self._queue, *args, keep, wake)
+        """Queues one engine call as it is (``engine.submit``: no Python job
+        runs for it on the queue); the work's result (and its future's value)
+        is ``result``."""
+        job = engine.submit(self._queue, comm, call, tensors, dtype, arg, (tensors, result), wake)
         work = Work._native(self._queue, job, result, self._timeout)
         work._woken = wake
         if self._coalescing is not None:

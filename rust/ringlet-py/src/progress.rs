@@ -7,7 +7,7 @@
 //! its engine calls; a native job never takes it.
 
 use crate::{run, Communicator};
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use ringlet_core as core;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,8 +18,8 @@ use std::time::Duration;
 /// message of a panic.
 type Outcome = Arc<Mutex<Option<Result<core::Result<()>, String>>>>;
 
-/// One engine call queued on a [`Progress`] queue (`submit_all_reduce`,
-/// `submit_broadcast`): its ticket, and its outcome once the ticket is done.
+/// One engine call queued on a [`Progress`] queue (`submit_engine`): its
+/// ticket, and its outcome once the ticket is done.
 #[pyclass(module = "ringlet._core", frozen)]
 pub struct NativeJob {
     ticket: u64,
@@ -168,104 +168,83 @@ impl Progress {
         }
     }
 
-    /// Queues `comm.all_reduce(ptr, nbytes, dtype_name, op_name)` as a native
-    /// job (no Python callable between the queue and the engine). `keep`
-    /// must own the buffer (the tensor, or a list holding it): it is held
-    /// until the job ended. Returns the job's handle.
+    /// Queues one engine call on `comm` as a native job (no Python runs
+    /// for it on the queue): `call` is `"all_reduce"` (`arg`: the reduce op
+    /// name) or `"broadcast"` (`arg`: the root) in place on `buffers` =
+    /// `[(ptr, nbytes)]`, or `"all_gather"` / `"reduce_scatter"` (`arg`: the
+    /// reduce op name) from `buffers[0]` into `buffers[1]` (checked not to
+    /// overlap). `keep` must own the buffers (the tensors, or a list holding
+    /// them): it is held until the job ended. Returns the job's handle.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (comm, ptr, nbytes, dtype_name, op_name, keep, wake=true))]
-    fn submit_all_reduce(
+    #[pyo3(signature = (comm, call, buffers, dtype_name, arg=None, keep=None, wake=true))]
+    fn submit_engine(
         &self,
         py: Python<'_>,
         comm: &Communicator,
-        ptr: usize,
-        nbytes: usize,
+        call: &str,
+        buffers: Vec<(usize, usize)>,
         dtype_name: &str,
-        op_name: &str,
-        keep: PyObject,
-        wake: bool,
-    ) -> PyResult<NativeJob> {
-        let (d, o) = (crate::dtype(dtype_name)?, crate::op(op_name)?);
-        let buf = crate::raw_buf(ptr, nbytes)?;
-        self.submit_native(py, comm, keep, wake, move |c| {
-            // SAFETY: `keep` owns the contiguous CPU tensor at `ptr` of
-            // `nbytes` bytes and is held until this job ended; the caller
-            // does not touch the tensor until the job is done.
-            c.all_reduce(unsafe { buf.slice_mut() }, d, o)
-        })
-    }
-
-    /// Queues `comm.broadcast(ptr, nbytes, dtype_name, root)` as a native
-    /// job; `keep` as in `submit_all_reduce`.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (comm, ptr, nbytes, dtype_name, root, keep, wake=true))]
-    fn submit_broadcast(
-        &self,
-        py: Python<'_>,
-        comm: &Communicator,
-        ptr: usize,
-        nbytes: usize,
-        dtype_name: &str,
-        root: usize,
-        keep: PyObject,
+        arg: Option<Bound<'_, PyAny>>,
+        keep: Option<PyObject>,
         wake: bool,
     ) -> PyResult<NativeJob> {
         let d = crate::dtype(dtype_name)?;
-        let buf = crate::raw_buf(ptr, nbytes)?;
-        self.submit_native(py, comm, keep, wake, move |c| {
-            // SAFETY: as in `submit_all_reduce`.
-            c.broadcast(unsafe { buf.slice_mut() }, d, root)
-        })
-    }
-
-    /// Queues `comm.all_gather(in, out, dtype_name)` as a native job (the
-    /// buffers checked not to overlap); `keep` owns both buffers.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (comm, in_ptr, in_nbytes, out_ptr, out_nbytes, dtype_name, keep, wake=true))]
-    fn submit_all_gather(
-        &self,
-        py: Python<'_>,
-        comm: &Communicator,
-        in_ptr: usize,
-        in_nbytes: usize,
-        out_ptr: usize,
-        out_nbytes: usize,
-        dtype_name: &str,
-        keep: PyObject,
-        wake: bool,
-    ) -> PyResult<NativeJob> {
-        let d = crate::dtype(dtype_name)?;
-        let (i, o) = crate::in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
-        self.submit_native(py, comm, keep, wake, move |c| {
-            // SAFETY: two distinct (checked) contiguous CPU tensors owned by
-            // `keep`, held until this job ended and left alone meanwhile.
-            c.all_gather(unsafe { i.slice() }, unsafe { o.slice_mut() }, d)
-        })
-    }
-
-    /// Queues `comm.reduce_scatter(in, out, dtype_name, op_name)` as a
-    /// native job; `keep` owns both buffers.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (comm, in_ptr, in_nbytes, out_ptr, out_nbytes, dtype_name, op_name, keep, wake=true))]
-    fn submit_reduce_scatter(
-        &self,
-        py: Python<'_>,
-        comm: &Communicator,
-        in_ptr: usize,
-        in_nbytes: usize,
-        out_ptr: usize,
-        out_nbytes: usize,
-        dtype_name: &str,
-        op_name: &str,
-        keep: PyObject,
-        wake: bool,
-    ) -> PyResult<NativeJob> {
-        let (d, o) = (crate::dtype(dtype_name)?, crate::op(op_name)?);
-        let (i, out) = crate::in_out(in_ptr, in_nbytes, out_ptr, out_nbytes)?;
-        self.submit_native(py, comm, keep, wake, move |c| {
-            // SAFETY: as in `submit_all_gather`.
-            c.reduce_scatter(unsafe { i.slice() }, unsafe { out.slice_mut() }, d, o)
-        })
+        let keep = keep.unwrap_or_else(|| py.None());
+        let red = || match &arg {
+            Some(a) => crate::op(&a.extract::<String>()?),
+            None => Ok(core::ReduceOp::Sum),
+        };
+        let bad = || {
+            PyValueError::new_err(format!(
+                "submit_engine: {call} takes {} buffer(s), got {}",
+                if matches!(call, "all_reduce" | "broadcast") {
+                    1
+                } else {
+                    2
+                },
+                buffers.len()
+            ))
+        };
+        match (call, buffers.as_slice()) {
+            ("all_reduce" | "broadcast", &[(ptr, nbytes)]) => {
+                let buf = crate::raw_buf(ptr, nbytes)?;
+                if call == "broadcast" {
+                    let root = arg.map(|a| a.extract::<usize>()).transpose()?.unwrap_or(0);
+                    return self.submit_native(py, comm, keep, wake, move |c| {
+                        // SAFETY: `keep` owns the contiguous CPU tensor at
+                        // `ptr` of `nbytes` bytes and is held until this job
+                        // ended; the caller leaves it alone meanwhile.
+                        c.broadcast(unsafe { buf.slice_mut() }, d, root)
+                    });
+                }
+                let o = red()?;
+                self.submit_native(py, comm, keep, wake, move |c| {
+                    // SAFETY: as for the broadcast above.
+                    c.all_reduce(unsafe { buf.slice_mut() }, d, o)
+                })
+            }
+            ("all_gather" | "reduce_scatter", &[input, output]) => {
+                let (i, out) = crate::in_out(input.0, input.1, output.0, output.1)?;
+                let o = red()?;
+                let gather = call == "all_gather";
+                self.submit_native(py, comm, keep, wake, move |c| {
+                    // SAFETY: two distinct (checked) contiguous CPU tensors
+                    // owned by `keep`, held until this job ended and left
+                    // alone meanwhile.
+                    let (i, out) = unsafe { (i.slice(), out.slice_mut()) };
+                    if gather {
+                        c.all_gather(i, out, d)
+                    } else {
+                        c.reduce_scatter(i, out, d, o)
+                    }
+                })
+            }
+            ("all_reduce" | "broadcast" | "all_gather" | "reduce_scatter", _) => Err(bad()),
+            _ => Err(PyValueError::new_err(format!(
+                "submit_engine: unknown call {call:?} (all_reduce, broadcast, all_gather, \
+                 reduce_scatter)"
+            ))),
+        }
     }
 
     /// Whether the job of `ticket` has run.
