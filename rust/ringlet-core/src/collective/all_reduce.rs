@@ -6,19 +6,10 @@
 
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::flat::all_reduce::AllReduce;
 use crate::group::Communicator;
 
 const OP: &str = "all_reduce";
-
-/// An all-reduce's arguments, checked by the entry points and handed on, as
-/// one value, to the flat or the two-level algorithm: the reduction of
-/// `input` when given (out of place), else of `buf`, into `buf`.
-pub(crate) struct AllReduce<'a> {
-    pub(crate) input: Option<&'a [u8]>,
-    pub(crate) buf: &'a mut [u8],
-    pub(crate) dtype: DType,
-    pub(crate) op: ReduceOp,
-}
 
 impl Communicator {
     /// Reduces `buf` (elements of `dtype`) across all ranks, in place.

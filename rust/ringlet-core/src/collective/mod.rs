@@ -9,11 +9,11 @@
 //! corrupted data.
 
 mod all_gather;
-pub(crate) mod all_reduce;
+mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
-pub(crate) mod reduce_scatter;
+mod reduce_scatter;
 mod send_recv;
 
 use crate::dtype::DType;

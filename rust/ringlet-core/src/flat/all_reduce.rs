@@ -39,7 +39,6 @@
 use super::{
     part_bytes, pieces, scratch, split_ref_mut, via_f32, Reused, RingOrder, CMA_PIECE, TCP_SMALL,
 };
-use crate::collective::all_reduce::AllReduce;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -55,6 +54,16 @@ const OVERLAP_BATCH: usize = 128 << 10;
 
 /// Bytes a TCP ring step moves per chunk (the receive scratch's size).
 const TCP_CHUNK: usize = 1 << 20;
+
+/// An all-reduce's arguments, checked by the entry points and handed on, as
+/// one value, to the flat or the two-level algorithm: the reduction of
+/// `input` when given (out of place), else of `buf`, into `buf`.
+pub(crate) struct AllReduce<'a> {
+    pub(crate) input: Option<&'a [u8]>,
+    pub(crate) buf: &'a mut [u8],
+    pub(crate) dtype: DType,
+    pub(crate) op: ReduceOp,
+}
 
 impl Communicator {
     /// The all-reduce into `buf`, of `input` when given (else of `buf`), on

@@ -21,7 +21,7 @@ mod all_gather;
 pub(crate) mod all_reduce;
 pub(crate) mod all_to_all;
 pub(crate) mod broadcast;
-mod reduce_scatter;
+pub(crate) mod reduce_scatter;
 
 use crate::dtype::DType;
 use crate::error::Result;

@@ -12,7 +12,6 @@
 
 use super::all_reduce::Ring;
 use super::{pieces, Reused, RingOrder, CMA_PIECE};
-use crate::collective::reduce_scatter::ReduceScatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::group::{Communicator, Config, Link};
@@ -22,6 +21,16 @@ use crate::transport::tcp::TcpMesh;
 use crate::transport::{OpDesc, OpKind};
 
 const OP: &str = "reduce_scatter";
+
+/// A reduce-scatter's arguments, checked by [`Communicator::reduce_scatter`]
+/// and handed on, as one value, to the flat or the two-level algorithm (the
+/// two-level one also runs the flat one on buffers it sized itself).
+pub(crate) struct ReduceScatter<'a> {
+    pub(crate) input: &'a [u8],
+    pub(crate) output: &'a mut [u8],
+    pub(crate) dtype: DType,
+    pub(crate) op: ReduceOp,
+}
 
 impl Communicator {
     /// Reduces block r of every rank's `input` into this rank's `output`

@@ -11,12 +11,12 @@
 //! send, spread over all of the host's ranks.
 
 use super::{bytes, chunks, give, pipeline, round_up, take, view, LocalSide, Net, Plan};
-use crate::collective::all_reduce::AllReduce;
-use crate::collective::reduce_scatter::ReduceScatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::flat::all_reduce::doubling;
+use crate::flat::all_reduce::AllReduce;
 use crate::flat::part_bytes;
+use crate::flat::reduce_scatter::ReduceScatter;
 use crate::group::Communicator;
 use crate::reduce;
 use crate::transport::tcp::Xfer;

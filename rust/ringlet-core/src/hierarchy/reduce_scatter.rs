@@ -12,9 +12,9 @@
 //!   Each host sends (H-1)/H of the input, the least possible.
 
 use super::{bytes, chunks, give, pipeline, take, LocalSide, Net, Plan};
-use crate::collective::reduce_scatter::ReduceScatter;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
+use crate::flat::reduce_scatter::ReduceScatter;
 use crate::group::Communicator;
 use crate::reduce;
 use crate::transport::OpKind;
