@@ -119,8 +119,20 @@ def test_doors_table_subtracts_the_floor_measured_after_the_engine_call() -> Non
            "torch floor": 4.0, "group engine + floor": 119.0, "deepspeed op": 150.0}
     table = c10d._doors_table([row], 2)
     last = table.splitlines()[-1].split(" | ")
-    # ratio, op - engine, native - engine, native - engine - floor, floor after, net after
-    assert last[-6:] == ["1.36x", "-1.00", "+10.00", "+6.00", "13.00", "+2.00 |"]
+    # ratio, op - engine, native - engine, native - engine - floor, floor after, net after,
+    # and the two paired columns (not in this row)
+    assert last[-8:] == ["1.36x", "-1.00", "+10.00", "+6.00", "13.00", "+2.00", "-", "- |"]
     assert "floor after the engine call" in table
     no_floor = {k: v for k, v in row.items() if k != "group engine + floor"}
-    assert c10d._doors_table([no_floor], 2).splitlines()[-1].endswith("| - | - |")
+    assert c10d._doors_table([no_floor], 2).splitlines()[-1].endswith("| - | - | - | - |")
+    paired = c10d._doors_table([{**row, "paired ratio": 1.25, "paired net": 0.5}], 2)
+    assert paired.splitlines()[-1].endswith("| 1.25x | +0.50 |")
+
+
+def test_doors_pairs_each_rounds_doors() -> None:
+    # the paired columns: the median of each round's ratio / difference
+    from ringlet.bench import c10d
+
+    assert c10d._paired({"a": [2.0, 4.0, 30.0], "b": [1.0, 2.0, 10.0]}, "a", "b", ratio=True) \
+        == 2.0
+    assert c10d._paired({"a": [2.0, 4.0, 30.0], "b": [1.0, 2.0, 10.0]}, "a", "b") == 2e6

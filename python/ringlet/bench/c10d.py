@@ -200,9 +200,24 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
             for _ in range(rounds):
                 for k, f in calls.items():
                     times[k].append(_block(f, reps, None))
-            rows.append({"dtype": name, "bytes": size,
-                         **{k: statistics.median(v) * 1e6 for k, v in times.items()}})
+            row = {"dtype": name, "bytes": size,
+                   **{k: statistics.median(v) * 1e6 for k, v in times.items()}}
+            # Paired within each round (the doors of a round run back to back,
+            # so the VM's drift between rounds cancels): the median ratio and
+            # difference are steadier than ratios and differences of medians.
+            if "deepspeed op" in times:
+                row["paired ratio"] = _paired(times, "deepspeed op", "ringlet op", ratio=True)
+            if "dist native" in times and "group engine + floor" in times:
+                row["paired net"] = _paired(times, "dist native", "group engine + floor")
+            rows.append(row)
     return rows
+
+
+def _paired(times: dict[str, list[float]], a: str, b: str, ratio: bool = False) -> float:
+    """The median over rounds of door ``a``'s time over door ``b``'s (``ratio``)
+    or minus it (in µs)."""
+    pairs = zip(times[a], times[b])
+    return statistics.median(x / y if ratio else (x - y) * 1e6 for x, y in pairs)
 
 
 def _door_calls(x: torch.Tensor, python_pg: Any, floor_pg: Any, native: bool,
@@ -248,9 +263,11 @@ def _doors_table(rows: list[dict], n: int) -> str:
     head = "| dtype | size | " + " | ".join(f"{c} µs" for c in cols)
     head += (" | op vs DeepSpeed | op - engine call | dist native - engine call "
              "| dist native - engine call - floor | floor after the engine call "
-             "| dist native - group engine - floor after |")
+             "| dist native - group engine - floor after "
+             "| op vs DeepSpeed, paired | dist native - (group engine + floor), paired |")
     lines = [f"all_reduce (sum, in place), world size {n}, median µs per call of alternating "
-             "blocks", "", head, "|---|---|" + "---:|" * (len(cols) + 6)]
+             "blocks; paired: the median over rounds of each round's ratio or difference",
+             "", head, "|---|---|" + "---:|" * (len(cols) + 8)]
     for r in rows:
         cells = [f"{r[c]:.2f}" if c in r else "-" for c in cols]
         ratio = (f"{r['deepspeed op'] / r['ringlet op']:.2f}x" if "deepspeed op" in r else "-")
@@ -264,8 +281,11 @@ def _doors_table(rows: list[dict], n: int) -> str:
             after = f"{floor_after:.2f}"
             if "dist native" in r:
                 net_after = f"{r['dist native'] - r['group engine'] - floor_after:+.2f}"
+        pr = f"{r['paired ratio']:.2f}x" if "paired ratio" in r else "-"
+        pn = f"{r['paired net']:+.2f}" if "paired net" in r else "-"
         lines.append(f"| {r['dtype']} | {_fmt(r['bytes'])} | " + " | ".join(cells)
-                     + f" | {ratio} | {op} | {extra} | {net} | {after} | {net_after} |")
+                     + f" | {ratio} | {op} | {extra} | {net} | {after} | {net_after} "
+                     f"| {pr} | {pn} |")
     return "\n".join(lines)
 
 
