@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import socket
@@ -23,7 +22,6 @@ from .. import _core
 from .store import cores, exchange
 
 __all__ = [
-    "MAX_CHANNELS",
     "HostTable",
     "connect",
     "connect_bagua_levels",
@@ -218,20 +216,37 @@ def connect_bagua_levels(
     timeout: float, name: str, domain: int,
 ) -> tuple[_core.Communicator, Optional[_core.Communicator], int,
            Optional[_core.Communicator]]:
-    """Bagua's two levels over ``members`` (global ranks, ``hosts[i]`` the
-    host of ``members[i]``): the members on this rank's host, and the first
-    member of each host (``None`` on other ranks); the number of hosts; and,
-    when every host holds the same number of members, the *channel* of the
-    members at this rank's position on every host (the first members'
-    channel is the second level itself), else ``None``. Collective over the
-    members."""
-    by_host: dict[str, list[int]] = {}
-    for r, h in zip(members, hosts):
-        by_host.setdefault(h, []).append(r)
-    groups = list(by_host.values())
-    leaders = [g[0] for g in groups]
-    local = by_host[hosts[members.index(me)]]
-    host = leaders.index(local[0])
+    """Connects Bagua's two levels over ``members``, laid out by the one plan
+    the engine's own two levels take (:class:`ringlet._core.Plan`).
+
+    Args:
+      store (Any): The key-value store.
+      key (str): The prefix of the levels' keys.
+      members (list[int]): The global ranks, by group rank.
+      me (int): This process's global rank, one of ``members``.
+      hosts (list[str]): ``hosts[i]``: the host of ``members[i]``.
+      addr (str): The address peers reach this process at.
+      timeout (float): Seconds to wait for the peers.
+      name (str): What the levels are for, in error messages.
+      domain (int): The fault domain.
+
+    Returns:
+      tuple: The members on this rank's host; the first member of each host
+      (``None`` on other ranks); the number of hosts; and, when the plan has
+      channels (every host holds the same number of members, more than one),
+      the *channel* of the members at this rank's position on every host (the
+      first members' channel is the second level itself), else ``None``.
+      Collective over the members.
+
+    Example:
+      >>> intra, inter, n_hosts, channel = connect_bagua_levels(
+      ...     store, "algo/1", [0, 1, 2, 3], 0, ["a", "a", "b", "b"], "127.0.0.1", 60.0,
+      ...     "my algorithm", new_domain())
+    """
+    plan = _core.Plan(list(hosts), members.index(me))
+    local = [members[r] for r in plan.local]
+    leaders = [members[r] for r in plan.leaders]
+    host = plan.host
     # A host's other ranks wait in the host level while its first rank talks
     # across hosts: on a machine with more of the job's ranks than CPUs they
     # park at once instead of yielding in a loop.
@@ -244,15 +259,14 @@ def connect_bagua_levels(
         inter, _ = connect_group(store, f"{key}/inter", leaders, me, addr, timeout,
                                     f"the hosts' first ranks of {name}", domain, levels=False)
     channel = None
-    even = len({len(g) for g in groups}) == 1
-    if even and len(groups) > 1 and len(local) > 1:
-        i = local.index(me)
+    if plan.has_channels:
+        i = plan.index
         if i == 0:
             channel = inter
         else:
             channel, _ = connect_group(
-                store, f"{key}/chan{i}", [g[i] for g in groups], me, addr, timeout,
-                f"the hosts' rank {i} of {name}", domain, levels=False)
+                store, f"{key}/chan{i}", [members[g[i]] for g in plan.layout], me, addr,
+                timeout, f"the hosts' rank {i} of {name}", domain, levels=False)
     return intra, inter, len(leaders), channel
 
 
@@ -262,12 +276,20 @@ def new_domain() -> int:
 
 
 def ranks_by_host(hosts: list[str]) -> list[list[int]]:
-    """The group ranks on each host (``hosts[r]``: rank ``r``'s host), hosts in
-    order of their lowest rank."""
-    order: dict[str, list[int]] = {}
-    for r, h in enumerate(hosts):
-        order.setdefault(h, []).append(r)
-    return list(order.values())
+    """The group ranks on each host, from the engine's plan
+    (:class:`ringlet._core.Plan`).
+
+    Args:
+      hosts (list[str]): ``hosts[r]``: group rank ``r``'s host.
+
+    Returns:
+      list[list[int]]: Each host's ranks, hosts in order of their lowest rank.
+
+    Example:
+      >>> ranks_by_host(["a", "b", "a"])
+      [[0, 2], [1]]
+    """
+    return _core.Plan(list(hosts), 0).layout if hosts else []
 
 
 def connect_host_level(
@@ -289,27 +311,18 @@ def connect_host_level(
         return None
     if os.environ.get("RINGLET_TRANSPORT", "auto").lower() == "tcp":
         return None
-    layout = ranks_by_host(hosts)
-    channels = 1
-    for g in layout:
-        channels = channels * len(g) // math.gcd(channels, len(g))
-    if len(layout) < 2 or all(len(g) == 1 for g in layout) or channels > MAX_CHANNELS:
+    plan = _core.Plan(list(hosts), rank)
+    if plan.flat:
         return None
-    h = next(i for i, g in enumerate(layout) if rank in g)
-    i = layout[h].index(rank)
+    h, i, ranks = plan.host, plan.index, plan.local
     glob = members if members is not None else list(range(len(hosts)))
     # Hosts simulated on one machine with more ranks than CPUs: the host
     # level parks its waits (the network stack needs the CPUs too).
     crowded = getattr(hosts, "machine_ranks", 0) > cores()
     local, _ = connect(
-        store, f"{prefix}/hier/local/{h}", i, len(layout[h]), addr, timeout,
-        members=[glob[r] for r in layout[h]],
-        name=f"the ranks of host {h} {[glob[r] for r in layout[h]]}", domain=domain,
+        store, f"{prefix}/hier/local/{h}", i, len(ranks), addr, timeout,
+        members=[glob[r] for r in ranks],
+        name=f"the ranks of host {h} {[glob[r] for r in ranks]}", domain=domain,
         crowded=crowded, block=block,
     )
     return local
-
-
-# Hosts whose rank counts have a least common multiple above this stay flat
-# (the engine cuts cross-host buffers into that many channels).
-MAX_CHANNELS = 1024

@@ -18,7 +18,7 @@ pub mod fault;
 mod flat;
 pub mod group;
 mod hierarchy;
-mod plan;
+pub mod plan;
 pub mod progress;
 pub mod reduce;
 pub mod registry;

@@ -4,7 +4,7 @@
 //! methods), the asynchronous averager, and the MinMaxUInt8 codec on raw
 //! buffers (for tests and benchmarks).
 
-use crate::{dtype, raw_buf, run, run_in_out, Communicator};
+use crate::{dtype, raw_buf, run, run_in_out, Communicator, Plan};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -32,25 +32,22 @@ impl Comms {
     }
 
     /// The host's ranks on `intra` (its rank 0 is the host's leader), the
-    /// hosts' leaders on `inter` (None on other ranks), `hosts` hosts and
-    /// `size` ranks in the group.
-    /// `channel`: with every host holding the same number of ranks, the
-    /// ranks at this rank's position on every host.
+    /// hosts' leaders on `inter` (None on other ranks), laid out by `plan`.
+    /// `channel`: where the plan has channels, the ranks at this rank's
+    /// position on every host.
     #[staticmethod]
-    #[pyo3(signature = (intra, inter, hosts, size, channel=None))]
+    #[pyo3(signature = (intra, inter, plan, channel=None))]
     fn hierarchical(
         intra: &Communicator,
         inter: Option<&Communicator>,
-        hosts: usize,
-        size: usize,
+        plan: &Plan,
         channel: Option<&Communicator>,
     ) -> PyResult<Self> {
         let inner = alg::Comms::hierarchical(
+            &plan.inner,
             intra.inner.clone(),
             inter.map(|c| c.inner.clone()),
             channel.map(|c| c.inner.clone()),
-            hosts,
-            size,
         )
         .map_err(crate::errors::to_pyerr)?;
         Ok(Comms { inner })

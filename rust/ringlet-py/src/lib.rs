@@ -93,6 +93,69 @@ pub(crate) fn run_in_out<T: Send>(
     })
 }
 
+/// Where a group's ranks sit across hosts: the one plan of the core's two
+/// levels and Bagua's (ringlet-core's `plan`), its facts read once.
+#[pyclass(module = "ringlet._core", frozen)]
+pub(crate) struct Plan {
+    pub(crate) inner: core::plan::Plan,
+    /// The group ranks of each host, hosts in order of their lowest rank.
+    #[pyo3(get)]
+    layout: Vec<Vec<usize>>,
+    /// This rank's host (its place in `layout`).
+    #[pyo3(get)]
+    host: usize,
+    /// This rank's index among its host's ranks.
+    #[pyo3(get)]
+    index: usize,
+    /// The group ranks on this rank's host.
+    #[pyo3(get)]
+    local: Vec<usize>,
+    /// Each host's first rank, hosts in order.
+    #[pyo3(get)]
+    leaders: Vec<usize>,
+    /// Whether every host holds the same number of ranks.
+    #[pyo3(get)]
+    even: bool,
+    /// Whether Bagua's levels have channel communicators.
+    #[pyo3(get)]
+    has_channels: bool,
+    /// Channels per cross-host buffer (the lcm of the hosts' rank counts).
+    #[pyo3(get)]
+    channels: usize,
+    /// Whether the group's collectives stay on one level.
+    #[pyo3(get)]
+    flat: bool,
+}
+
+#[pymethods]
+impl Plan {
+    /// The plan of a group whose rank r runs on host `hosts[r]`, seen from
+    /// `rank`.
+    #[new]
+    fn new(hosts: Vec<String>, rank: usize) -> PyResult<Self> {
+        let p = core::plan::Plan::of_hosts(&hosts, rank).map_err(errors::to_pyerr)?;
+        Ok(Plan {
+            layout: p.layout().to_vec(),
+            host: p.host(),
+            index: p.index(),
+            local: p.local().to_vec(),
+            leaders: p.leaders(),
+            even: p.even(),
+            has_channels: p.has_channels(),
+            channels: p.channels(),
+            flat: p.flat(),
+            inner: p,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Plan(layout={:?}, host={}, index={})",
+            self.layout, self.host, self.index
+        )
+    }
+}
+
 /// A listening TCP socket; its port is published before connecting.
 #[pyclass(module = "ringlet._core")]
 struct Listener {
@@ -549,6 +612,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let _ = MAIN_THREAD.set(std::thread::current().id());
     core::fault::set_interrupt_hook(run_signal_handlers);
     m.add_class::<Listener>()?;
+    m.add_class::<Plan>()?;
     m.add_class::<Communicator>()?;
     m.add_class::<registry::TensorModule>()?;
     m.add_class::<algorithms::Comms>()?;

@@ -5,6 +5,7 @@ use super::arith;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::group::SharedCommunicator;
+use crate::plan::Plan;
 use std::any::Any;
 
 /// The communicators of one algorithm instance (dedicated to it: nothing
@@ -17,6 +18,8 @@ pub enum Comms {
     /// Bagua's `hierarchical=True`: `intra` holds the group's ranks on this
     /// host (its rank 0 is the host's *leader*), `inter` the leaders of the
     /// `hosts` hosts (`None` on other ranks); `size` is the group's size.
+    /// The hosts and their ranks are the group's [`Plan`], the one the
+    /// core's own two-level collectives take.
     /// When every host holds the same number of the group's ranks, `channel`
     /// holds the ranks at this rank's position on every host (the leaders'
     /// channel is `inter`): a centralized operation then splits the bucket
@@ -31,17 +34,29 @@ pub enum Comms {
 }
 
 impl Comms {
-    /// Bagua's two levels, checked: the leader (rank 0 of `intra`) and only
-    /// it has `inter`, of `hosts` ranks.
+    /// Bagua's two levels, checked against the group's `plan`: `intra` holds
+    /// this rank's host, in its place; the leader (the host's first rank)
+    /// and only it has `inter`, of one rank per host; `channel`, of one rank
+    /// per host, only where the plan has channels.
     pub fn hierarchical(
+        plan: &Plan,
         intra: SharedCommunicator,
         inter: Option<SharedCommunicator>,
         channel: Option<SharedCommunicator>,
-        hosts: usize,
-        size: usize,
     ) -> Result<Comms> {
+        let (hosts, size) = (plan.hosts(), plan.size());
+        if intra.size() != plan.local_size() || intra.rank() != plan.index() {
+            return Err(Error::InvalidArgument(format!(
+                "the host communicator is rank {} of {} but the plan puts this rank at {} of \
+                 its host's {} ranks",
+                intra.rank(),
+                intra.size(),
+                plan.index(),
+                plan.local_size()
+            )));
+        }
         if let Some(c) = &channel {
-            if c.size() != hosts || size != hosts * intra.size() {
+            if c.size() != hosts || !plan.has_channels() {
                 return Err(Error::InvalidArgument(format!(
                     "a channel communicator of {} ranks for {hosts} hosts of {} ranks \
                      (group of {size})",
@@ -50,7 +65,7 @@ impl Comms {
                 )));
             }
         }
-        let leader = intra.rank() == 0;
+        let leader = plan.index() == 0;
         match &inter {
             Some(c) if !leader => {
                 return Err(Error::InvalidArgument(format!(
@@ -72,12 +87,6 @@ impl Comms {
                 ))
             }
             _ => {}
-        }
-        if hosts == 0 || size < intra.size() {
-            return Err(Error::InvalidArgument(format!(
-                "a group of {size} ranks on {hosts} hosts cannot have {} ranks on this host",
-                intra.size()
-            )));
         }
         Ok(Comms::Hierarchical {
             intra,
@@ -208,5 +217,44 @@ impl HostTensor {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::group::{Communicator, Config};
+
+    fn one() -> SharedCommunicator {
+        SharedCommunicator::new(Communicator::single(Config::default()))
+    }
+
+    fn refused(plan: &Plan, inter: bool, channel: bool) -> String {
+        let got = Comms::hierarchical(plan, one(), inter.then(one), channel.then(one));
+        match got {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted {plan:?}"),
+        }
+    }
+
+    #[test]
+    fn bagua_levels_are_checked_against_the_plan() {
+        let plan = Plan::of_hosts(&["a"], 0).unwrap();
+        let comms = Comms::hierarchical(&plan, one(), Some(one()), None).unwrap();
+        assert_eq!(comms.exchange_size(), 1);
+        // A channel only where every host holds as many ranks, more than one.
+        assert!(refused(&plan, true, true).contains("a channel communicator of 1 ranks"));
+        // The host communicator must hold this rank's host, in its place.
+        let two = Plan::of_hosts(&["a", "a"], 1).unwrap();
+        let e = refused(&two, false, false);
+        assert!(
+            e.contains("plan puts this rank at 1 of its host's 2 ranks"),
+            "{e}"
+        );
+        // The leader's inter-host communicator holds one rank per host.
+        let hosts = Plan::of_hosts(&["a", "b"], 0).unwrap();
+        let e = refused(&hosts, true, false);
+        assert!(e.contains("has 1 ranks for 2 hosts"), "{e}");
+        assert!(refused(&hosts, false, false).contains("needs the inter-host"));
     }
 }
