@@ -13,7 +13,7 @@
 //! Host blocks land in a staging buffer and are copied to their ranks'
 //! places in the output (ranks of a host need not be consecutive).
 
-use super::{bytes, give, pipeline, take, LocalSide, Net, Plan};
+use super::{bytes, give, pipeline, recv_runs, take, LocalSide, Net, Plan};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::Communicator;
@@ -168,14 +168,14 @@ fn cross(
     for g in (0..plan.hosts()).filter(|&g| g != plan.host) {
         // Host g's piece has channels of w*q/c elements.
         let w = plan.width(g);
-        let (mut slot, tail) = rest.split_at_mut(w * q / l * esz);
+        let (slot, tail) = rest.split_at_mut(w * q / l * esz);
         rest = tail;
-        for (r, peer) in plan.byte_runs(g, plan.mine(), w * q / c * esz) {
-            let (head, tail) = slot.split_at_mut(r.len());
-            slot = tail;
-            recvs.push((peer, head));
-        }
+        recvs.extend(recv_runs(
+            slot,
+            plan.byte_runs(g, plan.mine(), w * q / c * esz),
+        ));
     }
+    // Not `Net::exchange_ahead`: the sends borrow the caller's input too.
     let ahead = next
         .as_deref()
         .map_or_else(Vec::new, |n| sends(plan, n, input, esz, q));

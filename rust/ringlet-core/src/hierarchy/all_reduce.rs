@@ -10,7 +10,7 @@
 //! way 2(H-1)/H of the buffer leaves each host, the least an all-reduce can
 //! send, spread over all of the host's ranks.
 
-use super::{bytes, chunks, give, pipeline, round_up, take, view, LocalSide, Net, Plan};
+use super::{bytes, chunks, give, pipeline, recv_runs, round_up, take, view, LocalSide, Net, Plan};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::flat::all_reduce::doubling;
@@ -198,21 +198,15 @@ fn cross(
         let tmp = bytes(&mut p.tmp, sb);
         {
             let sends = runs.iter().map(|(r, q)| (*q, &shard[r.clone()])).collect();
-            let mut recvs = Vec::with_capacity(runs.len());
-            let mut rest: &mut [u8] = tmp;
-            for (r, q) in &runs {
-                let (head, tail) = rest.split_at_mut(r.len());
-                rest = tail;
-                recvs.push((*q, head));
-            }
-            match next {
-                Some(n) => {
-                    n.sent = net.exchange(sends, &p.sent, recvs, pair_sends(plan, n, esz))?;
-                }
-                None => {
-                    net.exchange(sends, &p.sent, recvs, Vec::new())?;
-                }
-            }
+            let recvs = recv_runs(tmp, runs.iter().cloned());
+            net.exchange_ahead(
+                sends,
+                &p.sent,
+                recvs,
+                next,
+                |n| pair_sends(plan, n, esz),
+                |n| &mut n.sent,
+            )?;
         }
         // Host 0's partial first, on both hosts: the same bits everywhere.
         if h == 0 {

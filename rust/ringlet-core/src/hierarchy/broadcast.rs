@@ -11,7 +11,7 @@
 //! host link carries the message once each way at most, where sending to
 //! every host from the root's would put it H - 1 times through one link.
 
-use super::{bytes, chunks, give, pipeline, round_up, take, LocalSide, Net, Plan};
+use super::{bytes, chunks, give, pipeline, recv_runs, round_up, take, LocalSide, Net, Plan};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::group::Communicator;
@@ -185,27 +185,20 @@ fn cross(
     let chan = p.n / plan.channels * esz;
     let part = p.n / plan.local_size() * esz;
     let Some(from) = from else {
-        let ahead = next.as_deref().map_or_else(Vec::new, |n| {
-            sends(plan, own(plan, n, esz), n.n / plan.channels * esz, &to)
-        });
-        let got = net.exchange(
-            sends(plan, own(plan, p, esz), chan, &to),
+        let mine = sends(plan, own(plan, p, esz), chan, &to);
+        return net.exchange_ahead(
+            mine,
             &p.sent,
             Vec::new(),
-            ahead,
-        )?;
-        if let Some(n) = next {
-            n.sent = got;
-        }
-        return Ok(());
+            next,
+            |n| sends(plan, own(plan, n, esz), n.n / plan.channels * esz, &to),
+            |n| &mut n.sent,
+        );
     };
-    let mut recvs = Vec::new();
-    let mut rest = bytes(&mut p.tmp, part);
-    for (r, peer) in plan.byte_runs(from, plan.mine(), chan) {
-        let (head, tail) = rest.split_at_mut(r.len());
-        rest = tail;
-        recvs.push((peer, head));
-    }
+    let recvs = recv_runs(
+        bytes(&mut p.tmp, part),
+        plan.byte_runs(from, plan.mine(), chan),
+    );
     net.exchange(Vec::new(), &[], recvs, Vec::new())?;
     if to.is_empty() {
         return Ok(());

@@ -65,6 +65,22 @@ fn give(pool: &mut Vec<Vec<u64>>, bufs: impl IntoIterator<Item = Vec<u64>>) {
     }
 }
 
+/// `buf` cut, front to back, into one receive per run of `runs` (`(byte
+/// range, peer)`, as [`Plan::byte_runs`] gives them): `(peer, bytes)`.
+fn recv_runs(
+    buf: &mut [u8],
+    runs: impl IntoIterator<Item = (std::ops::Range<usize>, usize)>,
+) -> Vec<(usize, &mut [u8])> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    for (r, peer) in runs {
+        let (head, tail) = rest.split_at_mut(r.len());
+        rest = tail;
+        out.push((peer, head));
+    }
+    out
+}
+
 /// The first `len` bytes of a scratch buffer (read only).
 fn view(v: &[u64], len: usize) -> &[u8] {
     &bytemuck::cast_slice(v)[..len]
@@ -170,6 +186,26 @@ impl Net<'_> {
             })
             .map_err(|e| self.global(e))?;
         Ok(x[needed..].iter().map(Xfer::done).collect())
+    }
+
+    /// [`Net::exchange`] of one pipeline piece, with the `next` piece's
+    /// sends (`ahead(next)`), when it is ready, queued behind; how far they
+    /// got is left in the next piece's `sent_of(next)`.
+    fn exchange_ahead<P>(
+        &self,
+        sends: Vec<(usize, &[u8])>,
+        sent: &[usize],
+        recvs: Vec<(usize, &mut [u8])>,
+        next: Option<&mut P>,
+        ahead: impl for<'n> FnOnce(&'n P) -> Vec<(usize, &'n [u8])>,
+        sent_of: impl for<'n> FnOnce(&'n mut P) -> &'n mut Vec<usize>,
+    ) -> Result<()> {
+        let queued = next.as_deref().map_or_else(Vec::new, ahead);
+        let got = self.exchange(sends, sent, recvs, queued)?;
+        if let Some(n) = next {
+            *sent_of(n) = got;
+        }
+        Ok(())
     }
 
     /// Every rank checks that every rank called the same collective (the

@@ -11,7 +11,7 @@
 //!   own block, then reduces all hosts' sums in host order into its output.
 //!   Each host sends (H-1)/H of the input, the least possible.
 
-use super::{bytes, chunks, give, pipeline, take, LocalSide, Net, Plan};
+use super::{bytes, chunks, give, pipeline, recv_runs, take, LocalSide, Net, Plan};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::flat::reduce_scatter::ReduceScatter;
@@ -142,26 +142,25 @@ fn cross(
     let mut recv = std::mem::take(&mut p.recv);
     let recv = bytes(&mut recv, (plan.hosts() - 1) * q * esz);
     {
+        // This host's region has channels of l*q/c elements; host g's owners
+        // of this rank's channels send their sums of them.
         let mut recvs = Vec::new();
-        let mut rest = &mut recv[..];
-        for g in (0..plan.hosts()).filter(|&g| g != h) {
-            // This host's region has channels of l*q/c elements; host g's
-            // owners of this rank's channels send their sums of them.
-            let (mut slot, tail) = rest.split_at_mut(q * esz);
-            rest = tail;
-            for (r, peer) in plan.byte_runs(g, plan.mine(), l * q / c * esz) {
-                let (head, tail) = slot.split_at_mut(r.len());
-                slot = tail;
-                recvs.push((peer, head));
-            }
+        let others = (0..plan.hosts()).filter(|&g| g != h);
+        for (g, slot) in others.zip(recv.chunks_mut(q * esz)) {
+            recvs.extend(recv_runs(
+                slot,
+                plan.byte_runs(g, plan.mine(), l * q / c * esz),
+            ));
         }
-        let ahead = next
-            .as_deref()
-            .map_or_else(Vec::new, |n| sends(plan, n, esz, q));
-        let got = net.exchange(sends(plan, p, esz, q), &p.sent, recvs, ahead)?;
-        if let Some(n) = next {
-            n.sent = got;
-        }
+        let mine = sends(plan, p, esz, q);
+        net.exchange_ahead(
+            mine,
+            &p.sent,
+            recvs,
+            next,
+            |n| sends(plan, n, esz, q),
+            |n| &mut n.sent,
+        )?;
     }
     let own = region(plan, &p.parts, h, esz, q);
     let n = p.out.len();
