@@ -271,8 +271,18 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     shard = torch.zeros(2)
     swork = dist.reduce_scatter_tensor(shard, torch.arange(2.0 * world) * (rank + 1),
                                        async_op=True)
+    # all_to_all_single with uneven splits: rank r sends r + 1 + j elements to rank j
+    sends = [rank + 1 + j for j in range(world)]
+    recvs = [r + 1 + rank for r in range(world)]
+    a2a_in = torch.cat([torch.full((n,), float(10 * rank + j)) for j, n in enumerate(sends)])
+    a2a_out = torch.zeros(sum(recvs))
+    awork = dist.all_to_all_single(a2a_out, a2a_in, recvs, sends, async_op=True)
+    bwork = dist.barrier(async_op=True)
     sync = torch.ones(2)
     dist.all_reduce(sync)
+    assert awork.is_completed() and bwork.is_completed() and bwork.is_success()
+    _same(a2a_out, torch.cat([torch.full((n,), float(10 * r + rank)) for r, n in enumerate(recvs)]),
+          "native all_to_all_single", exact=True)
     assert swork.is_completed() and swork.result() == [shard]
     _same(shard, torch.arange(2.0 * rank, 2.0 * rank + 2) * total, "native reduce_scatter",
           exact=True)

@@ -159,12 +159,14 @@ class Progress:
     def submit_engine(
         self, comm: Communicator, call: str, buffers: list[tuple[int, int]], dtype_name: str,
         arg: Any = None, keep: Any = None, wake: bool = True,
-    ) -> NativeJob:
+    ) -> Optional[NativeJob]:
         """Queues one engine call itself (no Python callable runs for it):
         ``all_reduce`` / ``broadcast`` in place on ``[(ptr, nbytes)]``,
         ``all_gather`` / ``reduce_scatter`` from the first buffer into the
-        second; ``arg`` the reduce op name or the root; ``keep`` owns the
-        buffers and is held until the job ended."""
+        second, ``all_to_all_v`` likewise (``arg``: the send and receive
+        counts), ``barrier`` on none; ``arg`` the reduce op name or the root;
+        ``keep`` owns the buffers and is held until the job ended. With
+        ``wake=False`` on an idle queue it runs at once here and returns None."""
     def is_done(self, ticket: int) -> bool: ...
     def wait(
         self, ticket: int, timeout_s: Optional[float] = None, run_queued: bool = True

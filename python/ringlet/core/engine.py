@@ -424,9 +424,10 @@ def submit(queue: Any, comm: Any, call: str, tensors: Sequence[torch.Tensor], dt
       queue (ringlet._core.Progress): The group's queue (issue order).
       comm (ringlet._core.Communicator): The ranks.
       call (str): ``"all_reduce"`` (``arg``: the reduce op) or ``"broadcast"``
-        (``arg``: the root) in place on ``tensors[0]``; ``"all_gather"`` or
-        ``"reduce_scatter"`` (``arg``: the reduce op) from ``tensors[0]`` into
-        ``tensors[1]`` (disjoint).
+        (``arg``: the root) in place on ``tensors[0]``; ``"all_gather"``,
+        ``"reduce_scatter"`` (``arg``: the reduce op) or ``"all_to_all_v"``
+        (``arg``: the send and receive counts in elements) from ``tensors[0]``
+        into ``tensors[1]`` (disjoint); ``"barrier"`` (no tensors).
       tensors (list[torch.Tensor]): Contiguous CPU tensors, untouched until
         the job ran.
       dtype (str): The engine's name of their dtype.
@@ -435,7 +436,9 @@ def submit(queue: Any, comm: Any, call: str, tensors: Sequence[torch.Tensor], dt
       wake (bool): Wake the queue's thread (False: the caller waits at once).
 
     Returns:
-      ringlet._core.NativeJob: Its ticket, and its error once it ran.
+      ringlet._core.NativeJob: Its ticket, and its error once it ran; None
+      when ``wake`` is False and the queue was idle: the call then ran at once
+      on this thread (GIL released) and raised its error, if any.
 
     Example:
       >>> job = submit(queue, comm, "all_reduce", [t], "float32", "sum", [t])

@@ -4,10 +4,12 @@ all-to-alls and the barrier, as a mixin that
 :class:`ringlet.distributed.process_group.ProcessGroupRinglet` inherits (it
 gives them ``_world``, ``_submit``, ``_tensor`` and the group's state).
 
-Each method checks its arguments on the calling thread, then queues one job
-(``_submit``) that runs the engine calls; a synchronous call of one plain
-tensor on a connected group runs the engine call at once on the calling
-thread when the group's queue is idle.
+Each method checks its arguments on the calling thread, then queues the work
+on the group's queue: plain tensors on a connected group as the engine call
+itself (``_submit_engine``: all-reduce, broadcast, all-gather and
+reduce-scatter into a tensor, all-to-all of one tensor, barrier), anything
+else as one Python job that runs the engine calls (``_submit``). A
+synchronous call runs at once on the calling thread when the queue is idle.
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ def _gather_ragged(comm: Any, size: int, inp: torch.Tensor, counts: list[int]) -
 
 class _Collectives:
     """The collectives of :class:`ProcessGroupRinglet` (a mixin: the group
-    supplies its state and the methods ``_world``, ``_submit``, ``_sync_comm``,
-    ``_run_now``, ``_tensor``, ``_root``, ``_dense`` and ``_where``)."""
+    supplies its state and the methods ``_world``, ``_submit``,
+    ``_submit_engine``, ``_tensor``, ``_root``, ``_dense`` and ``_where``)."""
 
     # -- argument checks -----------------------------------------------------
 
@@ -174,8 +176,6 @@ class _Collectives:
                 if comm is None:
                     return self._submit(lambda: engine.all_reduce(self._world(), t, red, name),
                                         [t], wake=wake)
-                if not wake and self._run_now(engine.all_reduce, comm, t, red, name):
-                    return _DONE
                 return self._submit_engine(comm, "all_reduce", [t], name, red, [t], wake)
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, op, opts)
@@ -290,14 +290,11 @@ class _Collectives:
         root = self._root(opts.rootRank, "broadcast")
         if len(tensors) == 1:
             t = tensors[0]
-            name = plain_dtype(t)
-            comm = self._sync_comm(opts, t.nbytes) if name is not None else None
-            if comm is not None and self._run_now(
-                    comm.broadcast, ptr(t), t.nbytes, name, root):
-                return _DONE
-            comm = self._comm
+            name, comm = plain_dtype(t), self._comm
             if (name is not None and comm is not None
-                    and getattr(opts, "rootTensor", 0) == 0):  # queued as the engine call itself
+                    and getattr(opts, "rootTensor", 0) == 0):
+                # The engine call itself: queued, or at once when synchronous
+                # on an idle queue.
                 return self._submit_engine(comm, "broadcast", [t], name, root, [t],
                                            _is_async(opts))
         ts = [self._tensor(t, f"broadcast tensors[{i}]") for i, t in enumerate(tensors)]
@@ -460,14 +457,11 @@ class _Collectives:
         comm = self._comm
         if (name is not None and comm is not None and plain_dtype(output) == name
                 and output.nbytes == input.nbytes * self._size and disjoint(input, output)):
-            wake = _is_async(opts)
-            if not wake and self._run_now(comm.all_gather, ptr(input), input.nbytes,
-                                          ptr(output), output.nbytes, name):
-                return _DONE
-            # Queued as the engine call itself; the future's value as gloo's
-            # (one tensor per rank).
+            # Queued as the engine call itself (run here at once when
+            # synchronous on an idle queue); the future's value as gloo's (one
+            # tensor per rank).
             return self._submit_engine(comm, "all_gather", [input, output], name, None,
-                                       list(output.chunk(self._size)), wake)
+                                       list(output.chunk(self._size)), _is_async(opts))
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     @_torch_errors
@@ -568,13 +562,10 @@ class _Collectives:
             nb = input.nbytes
             if (red is not None and (red in _ANY_DTYPE or not input.is_floating_point())
                     and output.nbytes * self._size == nb and disjoint(input, output)):
-                wake = _is_async(opts)
-                if not wake and self._run_now(comm.reduce_scatter, ptr(input), nb,
-                                              ptr(output), output.nbytes, name, red):
-                    return _DONE
-                # Queued as the engine call itself.
+                # Queued as the engine call itself (run here at once when
+                # synchronous on an idle queue).
                 return self._submit_engine(comm, "reduce_scatter", [input, output], name, red,
-                                           [output], wake)
+                                           [output], _is_async(opts))
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     @_torch_errors
@@ -705,6 +696,11 @@ class _Collectives:
 
         send_counts = counts(inp, list(input_split_sizes), "input")
         recv_counts = counts(out, list(output_split_sizes), "output")
+        name, comm = plain_dtype(input), self._comm
+        if (name is not None and comm is not None and plain_dtype(output) == name
+                and disjoint(input, output)):  # queued as the engine call itself
+            return self._submit_engine(comm, "all_to_all_v", [input, output], name,
+                                       (send_counts, recv_counts), [output], _is_async(opts))
 
         def run() -> None:
             dense, back = self._dense([out])
@@ -744,4 +740,7 @@ class _Collectives:
         return self._submit(run, list(output_tensors), wake=_is_async(opts))
 
     def barrier(self, opts: Any = None) -> Work:
+        comm = self._comm
+        if comm is not None:  # queued as the engine call itself
+            return self._submit_engine(comm, "barrier", [], "uint8", None, [], _is_async(opts))
         return self._submit(lambda: self._world().barrier(), [], wake=_is_async(opts))

@@ -19,7 +19,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import weakref
 from datetime import timedelta
@@ -331,27 +330,16 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
     ) -> Work:
         """Queues one engine call as it is (``engine.submit``: no Python job
         runs for it on the queue); the work's result (and its future's value)
-        is ``result``."""
+        is ``result``. A synchronous call (``wake`` False) on an idle queue
+        runs at once on this thread and returns the finished ``_DONE``."""
         job = engine.submit(self._queue, comm, call, tensors, dtype, arg, (tensors, result), wake)
+        if job is None:
+            return _DONE
         work = Work._native(self._queue, job, result, self._timeout)
         work._woken = wake
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
-
-    def _sync_comm(self, opts: Any, nbytes: int) -> Any:
-        """The group's communicator when a call with ``opts`` can run as one
-        engine call on the calling thread (synchronous, connected, one level
-        for ``nbytes``), else None."""
-        comm = self._comm
-        if comm is None or opts is None or getattr(opts, "asyncOp", True):
-            return None
-        return comm
-
-    def _run_now(self, call: Callable[..., Any], *args: Any) -> bool:
-        """Runs the engine call ``call(*args)`` on this thread when the group's
-        queue is idle (no Python job, no Work); see the module's _run_now."""
-        return _run_now(self._queue, functools.partial(call, *args))
 
     # -- argument checks -----------------------------------------------------
 

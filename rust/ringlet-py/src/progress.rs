@@ -1,7 +1,7 @@
 //! `ringlet._core.Progress`: the ordered progress queue of a process group.
 //! Jobs are Python callables, or engine calls queued as they are
-//! ([`NativeJob`]: all-reduce, broadcast, all-gather, reduce-scatter; no
-//! Python between the queue and the engine). The queue's
+//! ([`NativeJob`]: all-reduce, broadcast, all-gather, reduce-scatter,
+//! all-to-all, barrier; no Python between the queue and the engine). The queue's
 //! thread (or a waiter that runs queued jobs itself) takes the GIL only
 //! while a Python callable runs, and every callable releases it again around
 //! its engine calls; a native job never takes it.
@@ -13,6 +13,13 @@ use ringlet_core as core;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The out-of-place calls of `submit_engine`.
+enum Pair {
+    Gather,
+    Scatter(core::ReduceOp),
+    AllToAll(Vec<usize>, Vec<usize>),
+}
 
 /// What a native job left: None until it ran; the engine's result, or the
 /// message of a panic.
@@ -66,9 +73,28 @@ impl Progress {
         keep: PyObject,
         wake: bool,
         f: impl FnOnce(&mut core::Communicator) -> core::Result<()> + Send + 'static,
-    ) -> PyResult<NativeJob> {
+    ) -> PyResult<Option<NativeJob>> {
+        let queue = self.get().map_err(crate::errors::to_pyerr)?;
+        let shared = comm.inner.clone();
+        let mut f = Some(f);
+        if !wake {
+            // The caller waits at once: on an idle queue the call runs here.
+            let (q, sh, f) = (Arc::clone(&queue), shared.clone(), &mut f);
+            let ran = run(py, move || {
+                match q.run_now(|| f.take().map(|f| sh.with(f))) {
+                    Some(Some(result)) => result.map(|()| true),
+                    _ => Ok(false),
+                }
+            })?;
+            if ran {
+                return Ok(None);
+            }
+        }
+        let Some(f) = f else {
+            return Ok(None);
+        };
         let outcome: Outcome = Arc::new(Mutex::new(None));
-        let (slot, shared) = (Arc::clone(&outcome), comm.inner.clone());
+        let slot = Arc::clone(&outcome);
         let job: core::progress::Job = Box::new(move || {
             let out = catch_unwind(AssertUnwindSafe(|| shared.with(f)))
                 .map_err(|p| core::error::panic_message(&*p));
@@ -77,9 +103,8 @@ impl Progress {
             // next time a thread takes it.
             drop(keep);
         });
-        let queue = self.get().map_err(crate::errors::to_pyerr)?;
         let ticket = run(py, move || queue.submit(job, wake))?;
-        Ok(NativeJob { ticket, outcome })
+        Ok(Some(NativeJob { ticket, outcome }))
     }
 }
 
@@ -172,9 +197,13 @@ impl Progress {
     /// for it on the queue): `call` is `"all_reduce"` (`arg`: the reduce op
     /// name) or `"broadcast"` (`arg`: the root) in place on `buffers` =
     /// `[(ptr, nbytes)]`, or `"all_gather"` / `"reduce_scatter"` (`arg`: the
-    /// reduce op name) from `buffers[0]` into `buffers[1]` (checked not to
-    /// overlap). `keep` must own the buffers (the tensors, or a list holding
-    /// them): it is held until the job ended. Returns the job's handle.
+    /// reduce op name) or `"all_to_all_v"` (`arg`: `(send_counts,
+    /// recv_counts)` in elements) from `buffers[0]` into `buffers[1]` (checked
+    /// not to overlap), or `"barrier"` (no buffers). `keep` must own the buffers (the tensors, or a list holding
+    /// them): it is held until the job ended. Returns the job's handle; with
+    /// `wake=False` (the caller waits at once) on an idle queue the call runs
+    /// on this thread instead (GIL released), raising its error, and None is
+    /// returned.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (comm, call, buffers, dtype_name, arg=None, keep=None, wake=true))]
     fn submit_engine(
@@ -187,7 +216,7 @@ impl Progress {
         arg: Option<Bound<'_, PyAny>>,
         keep: Option<PyObject>,
         wake: bool,
-    ) -> PyResult<NativeJob> {
+    ) -> PyResult<Option<NativeJob>> {
         let d = crate::dtype(dtype_name)?;
         let keep = keep.unwrap_or_else(|| py.None());
         let red = || match &arg {
@@ -196,11 +225,16 @@ impl Progress {
         };
         let bad = || {
             PyValueError::new_err(format!(
-                "submit_engine: {call} takes {} buffer(s), got {}",
-                if matches!(call, "all_reduce" | "broadcast") {
-                    1
+                "submit_engine: {call} takes {} buffer(s){}, got {}",
+                match call {
+                    "all_reduce" | "broadcast" => 1,
+                    "barrier" => 0,
+                    _ => 2,
+                },
+                if call == "all_to_all_v" {
+                    " and (send_counts, recv_counts)"
                 } else {
-                    2
+                    ""
                 },
                 buffers.len()
             ))
@@ -223,26 +257,37 @@ impl Progress {
                     c.all_reduce(unsafe { buf.slice_mut() }, d, o)
                 })
             }
-            ("all_gather" | "reduce_scatter", &[input, output]) => {
+            ("all_gather" | "reduce_scatter" | "all_to_all_v", &[input, output]) => {
                 let (i, out) = crate::in_out(input.0, input.1, output.0, output.1)?;
-                let o = red()?;
-                let gather = call == "all_gather";
+                let pair = match call {
+                    "all_gather" => Pair::Gather,
+                    "reduce_scatter" => Pair::Scatter(red()?),
+                    _ => {
+                        let (send, recv) = arg.as_ref().ok_or_else(bad)?.extract()?;
+                        Pair::AllToAll(send, recv)
+                    }
+                };
                 self.submit_native(py, comm, keep, wake, move |c| {
                     // SAFETY: two distinct (checked) contiguous CPU tensors
                     // owned by `keep`, held until this job ended and left
                     // alone meanwhile.
                     let (i, out) = unsafe { (i.slice(), out.slice_mut()) };
-                    if gather {
-                        c.all_gather(i, out, d)
-                    } else {
-                        c.reduce_scatter(i, out, d, o)
+                    match &pair {
+                        Pair::Gather => c.all_gather(i, out, d),
+                        Pair::Scatter(o) => c.reduce_scatter(i, out, d, *o),
+                        Pair::AllToAll(send, recv) => c.all_to_all_v(i, send, out, recv, d),
                     }
                 })
             }
-            ("all_reduce" | "broadcast" | "all_gather" | "reduce_scatter", _) => Err(bad()),
+            ("barrier", &[]) => self.submit_native(py, comm, keep, wake, |c| c.barrier()),
+            (
+                "all_reduce" | "broadcast" | "all_gather" | "reduce_scatter" | "all_to_all_v"
+                | "barrier",
+                _,
+            ) => Err(bad()),
             _ => Err(PyValueError::new_err(format!(
                 "submit_engine: unknown call {call:?} (all_reduce, broadcast, all_gather, \
-                 reduce_scatter)"
+                 reduce_scatter, all_to_all_v, barrier)"
             ))),
         }
     }
