@@ -461,7 +461,7 @@ class _Collectives:
             # synchronous on an idle queue); the future's value as gloo's (one
             # tensor per rank).
             return self._submit_engine(comm, "all_gather", [input, output], name, None,
-                                       list(output.chunk(self._size)), _is_async(opts))
+                                       lambda: list(output.chunk(self._size)), _is_async(opts))
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     @_torch_errors

@@ -22,7 +22,7 @@ import contextlib
 import threading
 import weakref
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -326,15 +326,18 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
 
     def _submit_engine(
         self, comm: Any, call: str, tensors: list[torch.Tensor], dtype: str, arg: Any,
-        result: list[Any], wake: bool,
+        result: Union[list[Any], Callable[[], list[Any]]], wake: bool,
     ) -> Work:
         """Queues one engine call as it is (``engine.submit``: no Python job
         runs for it on the queue); the work's result (and its future's value)
-        is ``result``. A synchronous call (``wake`` False) on an idle queue
-        runs at once on this thread and returns the finished ``_DONE``."""
-        job = engine.submit(self._queue, comm, call, tensors, dtype, arg, (tensors, result), wake)
+        is ``result`` (or what calling it gives: made only when a work is). A
+        synchronous call (``wake`` False) on an idle queue runs at once on
+        this thread and returns the finished ``_DONE``."""
+        job = engine.submit(self._queue, comm, call, tensors, dtype, arg, tensors, wake)
         if job is None:
             return _DONE
+        if callable(result):
+            result = result()
         work = Work._native(self._queue, job, result, self._timeout)
         work._woken = wake
         if self._coalescing is not None:
