@@ -239,7 +239,18 @@ def test_deepspeed_recipe(tmp_path: Path) -> None:
         out = tmp_path / backend
         out.mkdir()
         script = _script(out, "train.py", DEEPSPEED_PRELUDE, code, DEEPSPEED_EPILOGUE)
-        _run(_torchrun(2, script), out, timeout=300, env=env)
+        try:
+            _run(_torchrun(2, script), out, timeout=300, env=env)
+        except pytest.fail.Exception as e:
+            # gloo's reference run aborts now and then under DeepSpeed ZeRO-3
+            # ("terminate called without an active exception": 2 runs in 16 with
+            # ringlet not even imported, TORCH_DEVICE_BACKEND_AUTOLOAD=0): run
+            # the reference again; ringlet's own run gets no second try
+            if backend != "gloo" or "terminate called without an active" not in str(e):
+                raise
+            for f in out.glob("rank*.jsonl"):
+                f.unlink()
+            _run(_torchrun(2, script), out, timeout=300, env=env)
         runs[backend] = _reports(out, 2)
     for rank in (0, 1):
         steps = [r for r in runs["ringlet"][rank] if "loss" in r]

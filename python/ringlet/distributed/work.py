@@ -187,13 +187,17 @@ class Work(_CWork):
 
     def _watch(self) -> None:
         """On a completion thread: waits for the native job, then settles it
-        (which completes the future asked for)."""
+        (which completes the future asked for). Waits in short slices: at
+        interpreter exit the thread must not sit in the engine's wait while
+        Python finalizes (``_Completions.close``)."""
         while self._job is not None:
             try:
-                if self._queue.wait(self._ticket, max(self._timeout, 1.0), False):
+                if self._queue.wait(self._ticket, 0.5, False):
                     break
             except Exception:  # the queue closed: it ran its jobs first
                 break
+            if _COMPLETIONS.closing:
+                return
         self._settle(ran=True)
 
     # Runs on the progress thread (or in a waiter that runs queued jobs).
@@ -395,6 +399,11 @@ class _Completions:
                                       daemon=True)
             self._threads.append(thread)
         thread.start()
+
+    @property
+    def closing(self) -> bool:
+        """Whether the interpreter is exiting (``close`` was called)."""
+        return self._closing
 
     def close(self, timeout: float = 5.0) -> None:
         """At interpreter exit: lets the threads finish the completions queued
