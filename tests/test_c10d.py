@@ -278,9 +278,14 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     a2a_out = torch.zeros(sum(recvs))
     awork = dist.all_to_all_single(a2a_out, a2a_in, recvs, sends, async_op=True)
     bwork = dist.barrier(async_op=True)
+    red = torch.full((3,), float(rank + 1))
+    rwork = dist.reduce(red, dst=world - 1, op=dist.ReduceOp.MAX, async_op=True)
     sync = torch.ones(2)
     dist.all_reduce(sync)
     assert awork.is_completed() and bwork.is_completed() and bwork.is_success()
+    assert rwork.is_completed() and rwork.result() == [red]
+    _same(red, torch.full((3,), float(world if rank == world - 1 else rank + 1)),
+          "native reduce (the root's result, the others' tensors as they were)", exact=True)
     _same(a2a_out, torch.cat([torch.full((n,), float(10 * r + rank)) for r, n in enumerate(recvs)]),
           "native all_to_all_single", exact=True)
     assert swork.is_completed() and swork.result() == [shard]

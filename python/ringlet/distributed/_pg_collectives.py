@@ -6,7 +6,7 @@ gives them ``_world``, ``_submit``, ``_tensor`` and the group's state).
 
 Each method checks its arguments on the calling thread, then queues the work
 on the group's queue: plain tensors on a connected group as the engine call
-itself (``_submit_engine``: all-reduce, broadcast, all-gather and
+itself (``_submit_engine``: all-reduce, reduce, broadcast, all-gather and
 reduce-scatter into a tensor, all-to-all of one tensor, barrier), anything
 else as one Python job that runs the engine calls (``_submit``). A
 synchronous call runs at once on the calling thread when the queue is idle.
@@ -330,9 +330,18 @@ class _Collectives:
                 f"{self._where()}: reduce requires a single-element tensor list, got "
                 f"{len(tensors)} tensors"
             )
+        mine = self._rank == root
+        t, comm = tensors[0], self._comm
+        name = plain_dtype(t) if comm is not None else None
+        red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
+        if (name is not None and red is not None
+                and (red in _ANY_DTYPE or not t.is_floating_point())):
+            # The engine call itself: an all-reduce into the root's tensor, or
+            # into a copy elsewhere (the other ranks' tensors stay as they were).
+            return self._submit_engine(comm, "all_reduce", [t if mine else t.clone()], name,
+                                       red, [t], _is_async(opts))
         self._real_op(op, tensors, "reduce")
         ts = [self._tensor(t, f"reduce tensors[{i}]") for i, t in enumerate(tensors)]
-        mine = self._rank == root
 
         def run() -> None:
             # Non-roots reduce a (contiguous) copy: their tensors stay as they were.
