@@ -50,6 +50,17 @@ _ANY_DTYPE = ("sum", "mul", "min", "max")  # the others need integer or bool ten
 _AllreduceOptions = dist.AllreduceOptions
 
 
+def _engine_op(op: Any, t: torch.Tensor) -> Optional[str]:
+    """The engine's name of torch reduce op ``op`` when the engine runs it on
+    ``t`` as it is (not AVG or PREMUL_SUM; the bitwise ops on integer or bool
+    tensors only), else None: the general path then scales, or names the
+    problem."""
+    red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
+    if red is None or (red not in _ANY_DTYPE and t.is_floating_point()):
+        return None
+    return red
+
+
 @contextlib.contextmanager
 def _sizes_of(op: str, rule: str) -> Iterator[None]:
     """Names the user's collective in a size mismatch found by the engine
@@ -166,10 +177,9 @@ class _Collectives:
         if len(tensors) == 1:  # the common case, with the fewest steps
             t = tensors[0]
             name = DTYPE_NAMES.get(t.dtype)
-            red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
+            red = _engine_op(op, t)
             if (name is not None and red is not None and t.is_cpu and t.is_contiguous()
-                    and t.layout == torch.strided
-                    and (red in _ANY_DTYPE or not t.is_floating_point())):
+                    and t.layout == torch.strided):
                 # One engine call (in two levels on a group spanning hosts),
                 # queued as it is once the group is connected.
                 wake, comm = _is_async(opts), self._comm
@@ -333,9 +343,8 @@ class _Collectives:
         mine = self._rank == root
         t, comm = tensors[0], self._comm
         name = plain_dtype(t) if comm is not None else None
-        red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
-        if (name is not None and red is not None
-                and (red in _ANY_DTYPE or not t.is_floating_point())):
+        red = _engine_op(op, t) if name is not None else None
+        if red is not None:
             # The engine call itself: an all-reduce into the root's tensor, or
             # into a copy elsewhere (the other ranks' tensors stay as they were).
             return self._submit_engine(comm, "all_reduce", [t if mine else t.clone()], name,
@@ -566,11 +575,9 @@ class _Collectives:
         name = plain_dtype(input)
         comm = self._comm if opts is not None else None
         if name is not None and comm is not None and plain_dtype(output) == name:
-            op = opts.reduceOp
-            red = "sum" if op == _SUM else _SIMPLE.get(getattr(op, "op", op))
-            nb = input.nbytes
-            if (red is not None and (red in _ANY_DTYPE or not input.is_floating_point())
-                    and output.nbytes * self._size == nb and disjoint(input, output)):
+            red = _engine_op(opts.reduceOp, input)
+            if (red is not None and output.nbytes * self._size == input.nbytes
+                    and disjoint(input, output)):
                 # Queued as the engine call itself (run here at once when
                 # synchronous on an idle queue).
                 return self._submit_engine(comm, "reduce_scatter", [input, output], name, red,

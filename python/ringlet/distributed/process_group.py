@@ -339,7 +339,6 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
         if callable(result):
             result = result()
         work = Work._native(self._queue, job, result, self._timeout)
-        work._woken = wake
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work

@@ -154,7 +154,7 @@ class Work(_CWork):
     @classmethod
     def _native(cls, queue: Any, job: Any, result: list[Any], timeout: float) -> Work:
         """The work of ``job``, an engine call queued on ``queue`` as it is
-        (``core.engine.submit_all_reduce``): no Python runs when it ends; the
+        (``core.engine.submit``): no Python runs when it ends; the
         work learns its outcome when asked (``wait``, ``is_completed``) or, once
         a future was asked for, from a completion thread that waits for it."""
         work = cls(queue, result, timeout)
