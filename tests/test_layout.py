@@ -266,13 +266,28 @@ def test_legacy_table_is_complete() -> None:
     assert not aliasing, f"alias modules: {aliasing}"
 
 
+def _warnings_of(tmp_path: pathlib.Path, body: list[str]) -> list[str]:
+    """Runs ``body`` (after ``import sys, warnings``; it records warnings in
+    ``caught``) as a script in a new interpreter; returns one line per warning
+    caught: category, whether the script's own line raised it, the line, the
+    message."""
+    script = tmp_path / "script.py"
+    script.write_text("\n".join([
+        "import sys, warnings", *body,
+        "for w in caught:",
+        "    print(w.category.__name__, w.filename == __file__, w.lineno, w.message)",
+    ]))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
+
+
 def test_old_paths_in_a_fresh_process(tmp_path: pathlib.Path) -> None:
     # Each old path imported first thing in a new interpreter (no import ringlet before it),
     # with the names users import from it, twice: one DeprecationWarning per old path,
     # naming the new one, pointing at the importing line.
-    script = tmp_path / "old_paths.py"
-    script.write_text("\n".join([
-        "import sys, warnings",
+    lines = _warnings_of(tmp_path, [
         "warnings.simplefilter('always')",
         "with warnings.catch_warnings(record=True) as caught:",
         "    warnings.simplefilter('always')",
@@ -293,13 +308,7 @@ def test_old_paths_in_a_fresh_process(tmp_path: pathlib.Path) -> None:
         "assert ringlet.ddp.DistributedDataParallel is ringlet.DistributedDataParallel",
         "assert QAdamOptimizer is ringlet.bagua.compat.algorithms.q_adam.QAdamOptimizer",
         "assert ringlet.c10d.__spec__.name == 'ringlet.distributed.c10d'",
-        "for w in caught:",
-        "    print(w.category.__name__, w.filename == __file__, w.lineno, w.message)",
-    ]))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
+    ])
     olds = ["ringlet.sharding", "ringlet.c10d", "ringlet.collectives", "ringlet.tensor",
             "ringlet.compat.bagua", "ringlet.sharded_tensor", "ringlet.soak",
             "ringlet.compat.bagua.algorithms", "ringlet.ddp", "ringlet._native",
@@ -317,9 +326,7 @@ def test_old_bagua_paths_in_a_fresh_process(tmp_path: pathlib.Path) -> None:
     # ringlet's own tensor API, DDP and hooks left ringlet.bagua for ringlet.parallel: the
     # old paths, imported every way first thing in a new interpreter, are the new modules
     # and warn once each at the importing line; ringlet.bagua.DistributedDataParallel too.
-    script = tmp_path / "old_bagua_paths.py"
-    script.write_text("\n".join([
-        "import sys, warnings",
+    lines = _warnings_of(tmp_path, [
         "with warnings.catch_warnings(record=True) as caught:",
         "    warnings.simplefilter('always')",
         "    from ringlet.bagua.tensor import get_module, TensorModule",
@@ -339,15 +346,10 @@ def test_old_bagua_paths_in_a_fresh_process(tmp_path: pathlib.Path) -> None:
         "assert DistributedDataParallel is new.DistributedDataParallel",
         "assert DistributedDataParallel is ringlet.DistributedDataParallel",
         "assert allreduce_hook is new.comm_hooks.allreduce_hook",
-        "for w in caught:",
-        "    print(w.category.__name__, w.filename == __file__, w.lineno, w.message)",
-    ]))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
+    ])
     olds = [("ringlet.bagua.tensor", 4), ("ringlet.bagua.ddp", 5),
             ("ringlet.bagua.comm_hooks", 6), ("ringlet.bagua.DistributedDataParallel", 8)]
-    assert out.stdout.strip().splitlines() == [
+    assert lines == [
         f"DeprecationWarning True {line} {old} is deprecated: import "
         f"{old.replace('bagua', 'parallel')} (the old path goes away in ringlet 0.3)"
         for old, line in olds
