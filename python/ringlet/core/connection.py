@@ -214,7 +214,7 @@ def connect_group(
 def connect_bagua_levels(
     store: Any, key: str, members: list[int], me: int, hosts: list[str], addr: str,
     timeout: float, name: str, domain: int,
-) -> tuple[_core.Communicator, Optional[_core.Communicator], int,
+) -> tuple[_core.Communicator, Optional[_core.Communicator], _core.Plan,
            Optional[_core.Communicator]]:
     """Connects Bagua's two levels over ``members``, laid out by the one plan
     the engine's own two levels take (:class:`ringlet._core.Plan`).
@@ -232,14 +232,15 @@ def connect_bagua_levels(
 
     Returns:
       tuple: The members on this rank's host; the first member of each host
-      (``None`` on other ranks); the number of hosts; and, when the plan has
+      (``None`` on other ranks); the plan (``_core.Plan``, seen from this
+      rank: what ``Comms.hierarchical`` checks them against); and, when the plan has
       channels (every host holds the same number of members, more than one),
       the *channel* of the members at this rank's position on every host (the
       first members' channel is the second level itself), else ``None``.
       Collective over the members.
 
     Example:
-      >>> intra, inter, n_hosts, channel = connect_bagua_levels(
+      >>> intra, inter, plan, channel = connect_bagua_levels(
       ...     store, "algo/1", [0, 1, 2, 3], 0, ["a", "a", "b", "b"], "127.0.0.1", 60.0,
       ...     "my algorithm", new_domain())
     """
@@ -267,7 +268,7 @@ def connect_bagua_levels(
             channel, _ = connect_group(
                 store, f"{key}/chan{i}", [members[g[i]] for g in plan.layout], me, addr,
                 timeout, f"the hosts' rank {i} of {name}", domain, levels=False)
-    return intra, inter, len(leaders), channel
+    return intra, inter, plan, channel
 
 
 def new_domain() -> int:

@@ -124,10 +124,9 @@ def connect_members(store: Any, key: str, members: list[int], me: int, *, addr: 
         hosts = hosts if hosts is not None else found
     if hierarchical and len(members) > 1:
         assert hosts is not None
-        intra, inter, _, channel = connect_bagua_levels(
+        intra, inter, plan, channel = connect_bagua_levels(
             store, key, members, me, hosts, addr, timeout, name, domain)
         out.closers.extend(c for c in (intra, inter, channel) if c is not None)
-        plan = _core.Plan(list(hosts), members.index(me))  # the one connect_bagua_levels took
         out.comms = _core.Comms.hierarchical(intra, inter, plan, channel)
     else:
         out.comms = _core.Comms.flat(out.flat)
