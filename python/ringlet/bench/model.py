@@ -207,20 +207,28 @@ def piece_bytes(s: float, hosts: int, per_host: int) -> float:
 
 
 def two_level(s: float, hosts: int, per_host: int, link: Link) -> float:
-    """Predicted seconds of ringlet's all-reduce of ``s`` bytes.
+    """Predicted seconds of ringlet's all-reduce of ``s`` bytes: the module's
+    ``T``.
 
     Args:
-      s (float): Bytes.
-      hosts (int): H (at least 2).
-      per_host (int): L.
-      link (Link): The machine.
+      s (float): S, the bytes each rank all-reduces; cut into pieces of
+        :func:`piece_bytes`.
+      hosts (int): H (at least 2); picks the cross-host step: one exchange
+        (2), a reduce-scatter and all-gather among the hosts (3 or more), or
+        recursive doubling (small pieces on 8 or more).
+      per_host (int): L, the ranks of each host; they share each piece and
+        the host's memory steps.
+      link (Link): The machine; every field counts.
 
     Returns:
-      Seconds.
+      Seconds: the agreement, the pipeline's fill and drain, and the slowest
+      of link, message costs and host memory steps.
 
     Example:
+      64 MiB on 2 hosts of 2 ranks, 2 Gbit links:
+
       >>> two_level(64 << 20, 2, 2, Link(250e6, 60e-6, 4e-6, 4e9))
-      0.2886...
+      0.2810...
     """
     p = hosts * per_host
     piece = min(piece_bytes(s, hosts, per_host), s)
@@ -240,20 +248,26 @@ def two_level(s: float, hosts: int, per_host: int, link: Link) -> float:
 
 
 def ring(s: float, hosts: int, per_host: int, link: Link) -> float:
-    """Predicted seconds of a flat ring all-reduce over all ranks.
+    """Predicted seconds of a flat ring all-reduce over all ranks: the
+    module's ``T_ring``.
 
     Args:
-      s (float): Bytes.
-      hosts (int): H.
-      per_host (int): L.
-      link (Link): The machine.
+      s (float): S, all in one run (the ring has no pieces).
+      hosts (int): H; the ring sees only p = H L ranks.
+      per_host (int): L; so 4 x 1 and 2 x 2 predict the same.
+      link (Link): Its ``alpha``, ``o``, ``eta`` and ``rate`` (no memory
+        steps: ``mem`` is not used).
 
     Returns:
-      Seconds.
+      Seconds: 2 (p - 1) steps of one message each, plus the link's time for
+      the 2 S (p - 1) / p bytes each host sends.
 
     Example:
-      >>> ring(64 << 20, 2, 2, Link(250e6, 60e-6, 4e-6, 4e9))
-      0.4219...
+      :func:`two_level`'s job, 1.5 times as long on the ring:
+
+      >>> link = Link(250e6, 60e-6, 4e-6, 4e9)
+      >>> ring(64 << 20, 2, 2, link), ring(64 << 20, 4, 1, link)
+      (0.4214..., 0.4214...)
     """
     p = hosts * per_host
     return 2 * (p - 1) * (link.alpha + 2 * link.o) + 2 * s * (p - 1) / p / (
