@@ -504,10 +504,11 @@ class RRef(Generic[T]):
         ``value.method(*args)`` on the owner and returns the result.
 
         Args:
-          timeout (float): Seconds for each call; -1: the default.
+          timeout (float): Seconds each call may block: for the value's type
+            (asked of the owner once) and for the result; -1: the default.
 
         Returns:
-          A proxy object.
+          A proxy whose method calls block until the result is here.
 
         Example::
 
@@ -521,14 +522,17 @@ class RRef(Generic[T]):
         """A proxy whose method calls return ``torch.futures.Future``\\ s.
 
         Args:
-          timeout (float): Seconds for each call; -1: the default.
+          timeout (float): Seconds for the value's type and for the call,
+            after which the future holds the timeout error; -1: the default.
 
         Returns:
-          A proxy object.
+          A proxy whose method calls return at once, without waiting even for
+          the value's type.
 
         Example::
 
-            >>> rref.rpc_async().view(-1).wait()
+            >>> fut = rref.rpc_async().view(-1)  # rref as in rpc_sync's example
+            >>> fut.wait()
             tensor([1., 1., 1., 1.])
         """
         return _Proxy(self, "async", timeout)
@@ -538,14 +542,17 @@ class RRef(Generic[T]):
         by this RRef's owner.
 
         Args:
-          timeout (float): Seconds for each call; -1: the default.
+          timeout (float): Seconds for the value's type, then for the owner to
+            create the result; -1: the default.
 
         Returns:
-          A proxy object.
+          A proxy whose method calls return the new ``RRef`` without waiting
+          for the result; its ``to_here()`` fetches it.
 
         Example::
 
-            >>> rref.remote().view(-1).to_here()
+            >>> flat = rref.remote().view(-1)  # an RRef owned by worker1
+            >>> flat.to_here()
             tensor([1., 1., 1., 1.])
         """
         return _Proxy(self, "remote", timeout)
