@@ -373,15 +373,16 @@ class ShardedTensor(ShardedBase):
             ``global_offset``; a prepended axis gives its offset (an int).
 
         Raises:
-            CheckpointingException: when the piece has no ``flattened_range``.
+            CheckpointingException: as :meth:`local_coordinates` does.
 
         Example:
-            >>> import torch
-            >>> from ringlet.checkpoint import ShardedTensor
-            >>> sh = ShardedTensor.from_rank_offsets_flat("w", torch.zeros(3), (2, 3), (0, 1, 2),
-            ...                                           flattened_range=slice(2, 5))
-            >>> [c.tolist() for c in sh.global_coordinates()]
-            [[2, 3, 3], [2, 0, 1]]
+            :meth:`local_coordinates`'s piece, as rank 5 of 6 along a prepended axis:
+
+            >>> sh = ShardedTensor.from_rank_offsets_flat("w", torch.zeros(3), (2, 3), (0, 5, 6),
+            ...                                           (1, 1, 2), flattened_range=slice(2, 5),
+            ...                                           prepend_axis_num=1)
+            >>> sh.global_coordinates()
+            (5, array([2, 3, 3]), array([2, 0, 1]))
         """
         self._require_flattened("global_coordinates")
         local = self.local_coordinates()
@@ -404,11 +405,11 @@ class ShardedTensor(ShardedBase):
                 asserts) when an offset is not a multiple of the local size.
 
         Example:
-            >>> import torch
-            >>> from ringlet.checkpoint import ShardedTensor
-            >>> sh = ShardedTensor.from_rank_offsets("w", torch.zeros(2, 3), (0, 3, 4))
+            :meth:`global_slice`'s piece (global offset ``(5, 2, 3)``, local
+            shape ``(2, 3)``, one prepended axis):
+
             >>> sh.local_chunk_offset_in_global()
-            (3, 0)
+            (5, 1, 1)
         """
         p = self.prepend_axis_num
         chunks = list(self.global_offset[:p])
@@ -428,6 +429,10 @@ class ShardedTensor(ShardedBase):
 
         Returns:
             One chunk size per global axis.
+
+        Raises:
+            CheckpointingException: when the piece has no ``axis_fragmentations``,
+                or (unless ``allow_shape_mismatch``) an axis does not divide evenly.
 
         Example:
             >>> import torch
