@@ -193,21 +193,36 @@ def _coalesced(tensors: list[torch.Tensor], collective: Callable[[torch.Tensor],
 def send(tensor: torch.Tensor, dst: int, comm: Any = None) -> None:
     """Sends ``tensor`` to rank ``dst`` of the communicator (blocking).
 
+    The two ranks talk over a communicator of their own, connected the first
+    time either of them needs it; the group's other ranks take no part.
+
     Args:
       tensor (torch.Tensor): What to send.
-      dst (int): The receiver's rank in the communicator.
+      dst (int): The receiver's rank in the communicator; not this rank's
+        (``ValueError``).
       comm (Communicator, optional): Default: the default group's.
+
+    Example:
+      >>> t = torch.arange(4.) if bagua.get_rank() == 0 else torch.zeros(4)
+      >>> if bagua.get_rank() == 0:
+      ...     bagua.communication.send(t, dst=1)
+      ... elif bagua.get_rank() == 1:
+      ...     bagua.communication.recv(t, src=0)   # t: tensor([0., 1., 2., 3.])
     """
     _point_to_point(engine.send, "send", "to", tensor, dst, comm)
 
 
 @_members_only
 def recv(tensor: torch.Tensor, src: int, comm: Any = None) -> None:
-    """Receives into ``tensor`` what rank ``src`` of the communicator sends.
+    """Receives into ``tensor`` what rank ``src`` of the communicator sends
+    with :func:`send` (blocking; the pair is :func:`send`'s, and so is the
+    example).
 
     Args:
-      tensor (torch.Tensor): Where to receive.
-      src (int): The sender's rank in the communicator.
+      tensor (torch.Tensor): Where to receive: as many bytes, of the same
+        dtype, as ``src`` sends.
+      src (int): The sender's rank in the communicator; not this rank's
+        (``ValueError``).
       comm (Communicator, optional): Default: the default group's.
     """
     _point_to_point(engine.recv, "recv", "from", tensor, src, comm)
