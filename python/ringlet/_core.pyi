@@ -159,13 +159,18 @@ class Progress:
     def submit_engine(
         self, comm: Communicator, call: str, buffers: list[tuple[int, int]], dtype_name: str,
         arg: Any = None, keep: Any = None, wake: bool = True,
+        before: list[tuple[int, int, int]] = ..., after: list[tuple[int, int, int]] = ...,
+        divide: int = 0,
     ) -> Optional[NativeJob]:
         """Queues one engine call itself (no Python callable runs for it):
         ``all_reduce`` / ``broadcast`` in place on ``[(ptr, nbytes)]``,
         ``all_gather`` / ``reduce_scatter`` from the first buffer into the
         second, ``all_to_all_v`` likewise (``arg``: the send and receive
-        counts), ``barrier`` on none; ``arg`` the reduce op name or the root;
-        ``keep`` owns the buffers and is held until the job ended. With
+        counts), ``barrier`` on none; ``arg`` the reduce op name or the root.
+        The job runs the byte copies ``before`` (``(from_ptr, to_ptr,
+        nbytes)``) first and, once the call succeeded, divides its result by
+        ``divide`` (non-zero: ReduceOp.AVG) and runs the copies ``after``.
+        ``keep`` owns every buffer and is held until the job ended. With
         ``wake=False`` on an idle queue it runs at once here and returns None."""
     def is_done(self, ticket: int) -> bool: ...
     def wait(

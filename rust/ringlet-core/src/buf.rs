@@ -52,6 +52,45 @@ impl RawBuf {
     }
 }
 
+/// Byte copies between caller-owned ranges, run around one queued engine
+/// call: staging a list of tensors into one flat buffer before it, or the
+/// flat result out into a list after it.
+#[derive(Clone, Debug, Default)]
+pub struct Copies(Vec<(RawBuf, RawBuf)>);
+
+impl Copies {
+    /// One copy of `nbytes` bytes from address `from` to address `to` per
+    /// `(from, to, nbytes)`.
+    pub fn new(list: &[(usize, usize, usize)]) -> Result<Copies> {
+        list.iter()
+            .map(|&(from, to, n)| Ok((RawBuf::new(from, n)?, RawBuf::new(to, n)?)))
+            .collect::<Result<Vec<_>>>()
+            .map(Copies)
+    }
+
+    /// Whether there is nothing to copy.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Runs the copies in order (overlapping ranges are copied as by memmove).
+    ///
+    /// # Safety
+    /// Every range must be valid memory that stays alive for the call, and no
+    /// one else may read or write the destinations (or write the sources)
+    /// meanwhile.
+    pub unsafe fn run(&self) {
+        for &(from, to) in &self.0 {
+            if from.len > 0 {
+                // SAFETY: both ranges are non-null (checked in `RawBuf::new`),
+                // `from.len` bytes long and valid per the caller's contract;
+                // `copy` allows them to overlap.
+                unsafe { std::ptr::copy(from.ptr as *const u8, to.ptr as *mut u8, from.len) }
+            }
+        }
+    }
+}
+
 /// The input and output buffers of an out-of-place collective, checked not
 /// to overlap.
 pub fn in_out(
@@ -67,4 +106,25 @@ pub fn in_out(
         ));
     }
     Ok((i, o))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_run_in_order_and_allow_overlap() {
+        let src = [1u8, 2, 3, 4];
+        let mut flat = [0u8; 6];
+        let a = src.as_ptr() as usize;
+        let f = flat.as_mut_ptr() as usize;
+        // src[2..4] then src[0..2] into flat[0..4], then flat[0..4] onto flat[2..6]
+        let copies = Copies::new(&[(a + 2, f, 2), (a, f + 2, 2), (f, f + 2, 4)]).unwrap();
+        assert!(!copies.is_empty() && Copies::default().is_empty());
+        // SAFETY: the ranges lie in `src` and `flat`, alive and unshared here.
+        unsafe { copies.run() };
+        assert_eq!(flat, [3, 4, 3, 4, 1, 2]);
+        assert!(Copies::new(&[(0, f, 1)]).is_err());
+        assert!(Copies::new(&[(0, 0, 0)]).is_ok());
+    }
 }

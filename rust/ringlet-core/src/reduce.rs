@@ -290,6 +290,57 @@ pub fn narrow_half(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     }
 }
 
+/// Divides every element of `buf` by `n` as torch's ReduceOp.AVG finishes a
+/// sum: floating point by true division (float16 and bfloat16 in float32,
+/// rounded once), integers truncating toward zero. bool has no average.
+pub fn divide(dtype: DType, buf: &mut [u8], n: usize) -> Result<()> {
+    fn ints<T: Pod + TryFrom<usize> + std::ops::Div<Output = T>>(
+        buf: &mut [u8],
+        n: usize,
+    ) -> Result<()> {
+        let d = T::try_from(n)
+            .map_err(|_| Error::InvalidArgument(format!("divide: {n} overflows the dtype")))?;
+        cast_mut::<T>(buf)?.iter_mut().for_each(|x| *x = *x / d);
+        Ok(())
+    }
+    if n == 0 {
+        return Err(Error::InvalidArgument("divide: by zero ranks".into()));
+    }
+    match dtype {
+        DType::F32 => {
+            let d = n as f32;
+            cast_mut::<f32>(buf)?.iter_mut().for_each(|x| *x /= d);
+        }
+        DType::F64 => {
+            let d = n as f64;
+            cast_mut::<f64>(buf)?.iter_mut().for_each(|x| *x /= d);
+        }
+        DType::F16 => {
+            let d = n as f32;
+            cast_mut::<f16>(buf)?
+                .iter_mut()
+                .for_each(|x| *x = f16::from_f32(x.to_f32() / d));
+        }
+        DType::BF16 => {
+            let d = n as f32;
+            cast_mut::<bf16>(buf)?
+                .iter_mut()
+                .for_each(|x| *x = bf16::from_f32(x.to_f32() / d));
+        }
+        DType::I8 => ints::<i8>(buf, n)?,
+        DType::U8 => ints::<u8>(buf, n)?,
+        DType::I16 => ints::<i16>(buf, n)?,
+        DType::I32 => ints::<i32>(buf, n)?,
+        DType::I64 => ints::<i64>(buf, n)?,
+        DType::Bool => {
+            return Err(Error::InvalidArgument(
+                "divide: bool tensors have no average".into(),
+            ))
+        }
+    }
+    Ok(())
+}
+
 fn widen<H: Half>(src: &[u8], dst: &mut [f32]) -> Result<()> {
     H::widen(cast::<H>(src)?, dst);
     Ok(())
@@ -306,6 +357,26 @@ mod tests {
 
     fn bytes<T: Pod>(v: &[T]) -> Vec<u8> {
         bytemuck::cast_slice(v).to_vec()
+    }
+
+    #[test]
+    fn divide_as_torch_averages() {
+        let mut f = bytes(&[3.0f32, -7.0, 1.0]);
+        divide(DType::F32, &mut f, 3).unwrap();
+        assert_eq!(
+            bytemuck::cast_slice::<u8, f32>(&f),
+            &[1.0, -7.0 / 3.0, 1.0 / 3.0]
+        );
+        let mut i = bytes(&[7i32, -7, 2]);
+        divide(DType::I32, &mut i, 2).unwrap();
+        assert_eq!(bytemuck::cast_slice::<u8, i32>(&i), &[3, -3, 1]);
+        let mut h = bytes(&[bf16::from_f32(1.0), bf16::from_f32(10.0)]);
+        divide(DType::BF16, &mut h, 3).unwrap();
+        let want = [bf16::from_f32(1.0 / 3.0), bf16::from_f32(10.0 / 3.0)];
+        assert_eq!(bytemuck::cast_slice::<u8, bf16>(&h), &want);
+        assert!(divide(DType::Bool, &mut [1u8], 2).is_err());
+        assert!(divide(DType::I8, &mut [1u8], 300).is_err());
+        assert!(divide(DType::F32, &mut [], 0).is_err());
     }
 
     #[test]

@@ -7,12 +7,21 @@
 //! its engine calls; a native job never takes it.
 
 use crate::{run, Communicator};
+use core::buf::{Copies, RawBuf};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use ringlet_core as core;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The engine call of a native job (`submit_engine`).
+enum Call {
+    AllReduce(RawBuf, core::ReduceOp),
+    Broadcast(RawBuf, usize),
+    Pair(RawBuf, RawBuf, Pair),
+    Barrier,
+}
 
 /// The out-of-place calls of `submit_engine`.
 enum Pair {
@@ -199,13 +208,19 @@ impl Progress {
     /// `[(ptr, nbytes)]`, or `"all_gather"` / `"reduce_scatter"` (`arg`: the
     /// reduce op name) or `"all_to_all_v"` (`arg`: `(send_counts,
     /// recv_counts)` in elements) from `buffers[0]` into `buffers[1]` (checked
-    /// not to overlap), or `"barrier"` (no buffers). `keep` must own the buffers (the tensors, or a list holding
-    /// them): it is held until the job ended. Returns the job's handle; with
-    /// `wake=False` (the caller waits at once) on an idle queue the call runs
-    /// on this thread instead (GIL released), raising its error, and None is
-    /// returned.
+    /// not to overlap), or `"barrier"` (no buffers). Around the call the job
+    /// runs the byte copies `before` (staging a list into a flat buffer) and,
+    /// once it succeeded, divides the result (the all-reduced buffer or the
+    /// reduce-scatter's output) by `divide` when non-zero (ReduceOp.AVG), then
+    /// runs the copies `after` (a flat result out into a list); each copy is
+    /// `(from_ptr, to_ptr, nbytes)`. `keep` must own every buffer (the
+    /// tensors, or a list holding them): it is held until the job ended.
+    /// Returns the job's handle; with `wake=False` (the caller waits at once)
+    /// on an idle queue the job runs on this thread instead (GIL released),
+    /// raising its error, and None is returned.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (comm, call, buffers, dtype_name, arg=None, keep=None, wake=true))]
+    #[pyo3(signature = (comm, call, buffers, dtype_name, arg=None, keep=None, wake=true,
+                        before=Vec::new(), after=Vec::new(), divide=0))]
     fn submit_engine(
         &self,
         py: Python<'_>,
@@ -216,9 +231,17 @@ impl Progress {
         arg: Option<Bound<'_, PyAny>>,
         keep: Option<PyObject>,
         wake: bool,
+        before: Vec<(usize, usize, usize)>,
+        after: Vec<(usize, usize, usize)>,
+        divide: usize,
     ) -> PyResult<Option<NativeJob>> {
         let d = crate::dtype(dtype_name)?;
         let keep = keep.unwrap_or_else(|| py.None());
+        let to_py = crate::errors::to_pyerr;
+        let (before, after) = (
+            Copies::new(&before).map_err(to_py)?,
+            Copies::new(&after).map_err(to_py)?,
+        );
         let red = || match &arg {
             Some(a) => crate::op(&a.extract::<String>()?),
             None => Ok(core::ReduceOp::Sum),
@@ -239,23 +262,18 @@ impl Progress {
                 buffers.len()
             ))
         };
-        match (call, buffers.as_slice()) {
-            ("all_reduce" | "broadcast", &[(ptr, nbytes)]) => {
-                let buf = crate::raw_buf(ptr, nbytes)?;
-                if call == "broadcast" {
-                    let root = arg.map(|a| a.extract::<usize>()).transpose()?.unwrap_or(0);
-                    return self.submit_native(py, comm, keep, wake, move |c| {
-                        // SAFETY: `keep` owns the contiguous CPU tensor at
-                        // `ptr` of `nbytes` bytes and is held until this job
-                        // ended; the caller leaves it alone meanwhile.
-                        c.broadcast(unsafe { buf.slice_mut() }, d, root)
-                    });
-                }
-                let o = red()?;
-                self.submit_native(py, comm, keep, wake, move |c| {
-                    // SAFETY: as for the broadcast above.
-                    c.all_reduce(unsafe { buf.slice_mut() }, d, o)
-                })
+        if divide != 0 && !matches!(call, "all_reduce" | "reduce_scatter") {
+            return Err(PyValueError::new_err(format!(
+                "submit_engine: divide applies to all_reduce and reduce_scatter, not {call}"
+            )));
+        }
+        let call = match (call, buffers.as_slice()) {
+            ("all_reduce", &[(ptr, nbytes)]) => {
+                Call::AllReduce(crate::raw_buf(ptr, nbytes)?, red()?)
+            }
+            ("broadcast", &[(ptr, nbytes)]) => {
+                let root = arg.map(|a| a.extract::<usize>()).transpose()?.unwrap_or(0);
+                Call::Broadcast(crate::raw_buf(ptr, nbytes)?, root)
             }
             ("all_gather" | "reduce_scatter" | "all_to_all_v", &[input, output]) => {
                 let (i, out) = crate::in_out(input.0, input.1, output.0, output.1)?;
@@ -267,29 +285,55 @@ impl Progress {
                         Pair::AllToAll(send, recv)
                     }
                 };
-                self.submit_native(py, comm, keep, wake, move |c| {
-                    // SAFETY: two distinct (checked) contiguous CPU tensors
-                    // owned by `keep`, held until this job ended and left
-                    // alone meanwhile.
-                    let (i, out) = unsafe { (i.slice(), out.slice_mut()) };
-                    match &pair {
-                        Pair::Gather => c.all_gather(i, out, d),
-                        Pair::Scatter(o) => c.reduce_scatter(i, out, d, *o),
-                        Pair::AllToAll(send, recv) => c.all_to_all_v(i, send, out, recv, d),
-                    }
-                })
+                Call::Pair(i, out, pair)
             }
-            ("barrier", &[]) => self.submit_native(py, comm, keep, wake, |c| c.barrier()),
+            ("barrier", &[]) => Call::Barrier,
             (
                 "all_reduce" | "broadcast" | "all_gather" | "reduce_scatter" | "all_to_all_v"
                 | "barrier",
                 _,
-            ) => Err(bad()),
-            _ => Err(PyValueError::new_err(format!(
-                "submit_engine: unknown call {call:?} (all_reduce, broadcast, all_gather, \
-                 reduce_scatter, all_to_all_v, barrier)"
-            ))),
-        }
+            ) => return Err(bad()),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "submit_engine: unknown call {call:?} (all_reduce, broadcast, all_gather, \
+                     reduce_scatter, all_to_all_v, barrier)"
+                )))
+            }
+        };
+        self.submit_native(py, comm, keep, wake, move |c| {
+            // SAFETY: `keep` owns every buffer and copy range (contiguous CPU
+            // tensors), held until this job ended; the caller leaves them
+            // alone meanwhile, and the two buffers of an out-of-place call
+            // were checked not to overlap.
+            unsafe {
+                before.run();
+                let result = match &call {
+                    Call::AllReduce(buf, o) => {
+                        let buf = buf.slice_mut();
+                        c.all_reduce(buf, d, *o)?;
+                        Some(buf)
+                    }
+                    Call::Broadcast(buf, root) => {
+                        c.broadcast(buf.slice_mut(), d, *root).map(|()| None)?
+                    }
+                    Call::Pair(i, out, pair) => {
+                        let (i, out) = (i.slice(), out.slice_mut());
+                        match pair {
+                            Pair::Gather => c.all_gather(i, out, d)?,
+                            Pair::Scatter(o) => c.reduce_scatter(i, out, d, *o)?,
+                            Pair::AllToAll(send, recv) => c.all_to_all_v(i, send, out, recv, d)?,
+                        }
+                        Some(out)
+                    }
+                    Call::Barrier => c.barrier().map(|()| None)?,
+                };
+                if let (Some(buf), true) = (result, divide != 0) {
+                    core::reduce::divide(d, buf, divide)?;
+                }
+                after.run();
+            }
+            Ok(())
+        })
     }
 
     /// Whether the job of `ticket` has run.
