@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pytest
 import torch
@@ -48,6 +48,177 @@ def _same(a: torch.Tensor, b: torch.Tensor, what: str, exact: bool = False) -> N
     else:
         tol = 5e-2 if a.dtype in (torch.float16, torch.bfloat16) else 1e-5
         torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=what)
+
+
+def _list_forms_as_native_jobs(rank: int, world: int, gloo: dist.ProcessGroup) -> None:
+    """The list forms, the coalesced forms, the multi-device forms and AVG
+    are queued as one engine call each (the job stages and copies the
+    tensors itself: a native job, not a Python one); issued asynchronously
+    one after another, dropped or polled, their results equal gloo's (or
+    plain torch's for AVG, which gloo lacks), and a size mismatch found by
+    the engine names the user's collective, whether the call waits at once
+    or not."""
+    from ringlet.distributed.process_group import python_group
+    from ringlet.distributed.work import _DONE
+
+    pg, R = python_group(), dist.ReduceOp
+    last, total = world - 1, world * (world + 1) // 2
+
+    def native(work: Any) -> Any:
+        assert work is _DONE or work._job is not None, "queued as a Python job"
+        return work
+
+    def x(n: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return _data(rank, n, dtype, seed=seed)
+
+    def both(run: Callable[[Optional[dist.ProcessGroup]], list[torch.Tensor]], what: str) -> None:
+        mine, ref = run(None), run(gloo)
+        for i, (a, b) in enumerate(zip(mine, ref)):
+            _same(a, b, f"{what} [{i}]", exact=True)
+
+    # issued back to back, asynchronously, one of them dropped: the list
+    # forms through the Python group (checked native), against gloo's
+    outs = {}
+
+    def lists(group: Optional[dist.ProcessGroup]) -> list[torch.Tensor]:
+        g = pg if group is None else group
+        check = native if group is None else (lambda w: w)
+        ag = [torch.full((3,), -1.0) for _ in range(world)]
+        g2 = [torch.empty(4) for _ in range(world)] if rank == last else []
+        sc = torch.empty(2, dtype=torch.float64)
+        a2a = [torch.empty(3) for _ in range(world)]
+        rs = torch.empty(3)
+        works = [
+            check(g.allgather([ag], [x(3, 1)])),
+            check(g.gather([g2] if rank == last else [], [x(4, 2)], _gather_opts(last))),
+            check(g.scatter([sc], [[torch.full((2,), float(r), dtype=torch.float64)
+                                    for r in range(world)]] if rank == 0 else [],
+                            _scatter_opts(0))),
+            check(g.alltoall(a2a, [torch.full((3,), float(10 * rank + j))
+                                   for j in range(world)])),
+            check(g.reduce_scatter([rs], [[x(3, 10 + j) for j in range(world)]],
+                                   _rs_opts(R.MAX))),
+        ]
+        dropped = [torch.empty(5) for _ in range(world)]
+        check(g.allgather([dropped], [x(5, 3)]))  # never waited for
+        for w in works[::-1]:
+            w.wait()
+        g.barrier().wait()
+        outs[group] = dropped
+        return [*ag, *g2, sc, *a2a, rs]
+
+    both(lists, "list form")
+    for a, b in zip(outs[None], outs[gloo]):
+        _same(a, b, "dropped all_gather", exact=True)
+    # ragged forms (gloo refuses them): rank r's block holds r + 1 elements
+    ag_ragged = [torch.empty(r + 1, dtype=torch.int64) for r in range(world)]
+    rs_ragged = torch.empty(rank + 1, dtype=torch.int32)
+    w1 = native(pg.allgather([ag_ragged], [torch.arange(rank + 1) * (rank + 1)]))
+    w2 = native(pg.reduce_scatter([rs_ragged], [[torch.full((j + 1,), rank + j, dtype=torch.int32)
+                                                 for j in range(world)]], _rs_opts(R.SUM)))
+    w2.wait()
+    w1.wait()
+    for r in range(world):
+        _same(ag_ragged[r], torch.arange(r + 1) * (r + 1), "ragged all_gather", exact=True)
+    _same(rs_ragged, torch.full((rank + 1,), total - world + world * rank, dtype=torch.int32),
+          "ragged reduce_scatter", exact=True)
+
+    # coalesced and multi-device forms: one engine call each
+    ins = [x(3, 20), x(5, 21)]
+    lists_out = [[torch.empty(3), torch.empty(5)] for _ in range(world)]
+    native(pg.allgather_coalesced(lists_out, ins)).wait()
+    for r in range(world):
+        _same(lists_out[r][0], _data(r, 3, torch.float32, seed=20), "allgather_coalesced", True)
+        _same(lists_out[r][1], _data(r, 5, torch.float32, seed=21), "allgather_coalesced", True)
+    flat_outs = [torch.empty(3 * world), torch.empty(5 * world)]
+    native(pg.allgather_into_tensor_coalesced(flat_outs, ins)).wait()
+    _same(flat_outs[0], torch.cat([_data(r, 3, torch.float32, seed=20) for r in range(world)]),
+          "allgather_into_tensor_coalesced", exact=True)
+    # FSDP2's in-place form: the input is this rank's slot of the output
+    slots = torch.zeros(2 * world)
+    slots[2 * rank:2 * rank + 2] = float(rank + 1)
+    native(pg._allgather_base(slots, slots[2 * rank:2 * rank + 2]))
+    dist.all_gather_into_tensor(slots, slots[2 * rank:2 * rank + 2])
+    _same(slots, torch.arange(1.0, world + 1).repeat_interleave(2), "in-place all_gather", True)
+    rs_outs = [torch.empty(2), torch.empty(1, dtype=torch.float32)]
+    rs_ins = [torch.arange(2.0 * world) * (rank + 1), torch.arange(1.0 * world) + rank]
+    native(pg.reduce_scatter_tensor_coalesced(rs_outs, rs_ins, _rs_opts(R.SUM))).wait()
+    _same(rs_outs[0], torch.arange(2.0 * rank, 2.0 * rank + 2) * total, "rs coalesced", True)
+    _same(rs_outs[1], torch.tensor([float(world * rank + total - world)]), "rs coalesced", True)
+    co = [x(4, 30), x(2, 31)]
+    native(pg.allreduce_coalesced(co, _ar_opts(R.MAX))).wait()
+    for t, seed, n in zip(co, (30, 31), (4, 2)):
+        want = torch.stack([_data(r, n, torch.float32, seed=seed) for r in range(world)]).amax(0)
+        _same(t, want, "allreduce_coalesced", exact=True)
+    devices = [torch.full((3,), float(rank)), torch.full((3,), float(rank + 10))]
+    native(pg.broadcast(devices, _bcast_opts(last, 1))).wait()
+    for t in devices:
+        _same(t, torch.full((3,), float(last + 10)), "multi-device broadcast", exact=True)
+
+    # AVG (gloo has none): plain torch's sum then true (or truncating) division
+    n = 6 * world
+    for dtype in (torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.int8):
+        every = [_data(r, n, dtype, seed=40) for r in range(world)]
+        wide = torch.stack([e.double() if dtype.is_floating_point else e for e in every]).sum(0)
+        want = (wide.to(dtype).div(world) if dtype.is_floating_point
+                else torch.div(wide, world, rounding_mode="trunc").to(dtype))
+        exact = not dtype.is_floating_point or world == 2  # a sum of two rounds once
+        a = every[rank].clone()
+        native(pg.allreduce([a], _ar_opts(R.AVG))).wait()
+        _same(a, want, f"AVG all_reduce {dtype}", exact=exact)
+        red = every[rank].clone()
+        native(pg.reduce([red], _reduce_opts(last, R.AVG))).wait()
+        _same(red, want if rank == last else every[rank], f"AVG reduce {dtype}", exact=exact)
+        out = torch.empty(6, dtype=dtype)
+        native(pg._reduce_scatter_base(out, every[rank], _rs_opts(R.AVG))).wait()
+        _same(out, want[6 * rank:6 * rank + 6], f"AVG reduce_scatter {dtype}", exact=exact)
+    with pytest.raises(RuntimeError, match="AVG on a bool"):
+        dist.all_reduce(torch.ones(2, dtype=torch.bool), op=R.AVG)
+
+    # a size mismatch found by the engine names gather, whether the call
+    # waits at once or its work is waited for; the group stays usable
+    for at_once in (True, False):
+        sent = torch.ones(2 + (rank == 0))
+        got = [torch.empty(2) for _ in range(world)] if rank == last else None
+        with pytest.raises(RuntimeError, match="gather: the ranks' tensor sizes do not fit"):
+            work = dist.gather(sent, got, dst=last, async_op=not at_once)
+            if not at_once:
+                work.wait()
+    ok = torch.ones(1)
+    dist.all_reduce(ok)
+    _same(ok, torch.full((1,), float(world)), "usable after a gather mismatch", exact=True)
+
+
+def _options(cls: Any, **fields: Any) -> Any:
+    """A torch options object (``dist.AllreduceOptions`` ...) with ``fields`` set."""
+    o = cls()
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+def _ar_opts(op: Any) -> dist.AllreduceOptions:
+    return _options(dist.AllreduceOptions, reduceOp=op)
+
+
+def _rs_opts(op: Any) -> dist.ReduceScatterOptions:
+    return _options(dist.ReduceScatterOptions, reduceOp=op)
+
+
+def _reduce_opts(root: int, op: Any) -> dist.ReduceOptions:
+    return _options(dist.ReduceOptions, rootRank=root, reduceOp=op)
+
+
+def _bcast_opts(root: int, tensor: int) -> dist.BroadcastOptions:
+    return _options(dist.BroadcastOptions, rootRank=root, rootTensor=tensor)
+
+
+def _gather_opts(root: int) -> dist.GatherOptions:
+    return _options(dist.GatherOptions, rootRank=root)
+
+
+def _scatter_opts(root: int) -> dist.ScatterOptions:
+    return _options(dist.ScatterOptions, rootRank=root)
 
 
 def _ops_job(rank: int, world: int, port: int) -> str:
@@ -301,6 +472,7 @@ def _ops_job(rank: int, world: int, port: int) -> str:
               exact=True)
     _same(bfut.wait()[0], torch.arange(4.0) * world, "native broadcast future", exact=True)
     _same(sync, torch.full((2,), float(world)), "after native jobs", exact=True)
+    _list_forms_as_native_jobs(rank, world, gloo)
 
     dist.barrier()
     dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)

@@ -415,7 +415,9 @@ def all_reduce(comm: Any, t: torch.Tensor, op: str = "sum", dtype: Optional[str]
 
 
 def submit(queue: Any, comm: Any, call: str, tensors: Sequence[torch.Tensor], dtype: str,
-           arg: Any, keep: Any, wake: bool = True) -> Any:
+           arg: Any, keep: Any, wake: bool = True,
+           before: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+           after: Sequence[tuple[torch.Tensor, torch.Tensor]] = (), divide: int = 0) -> Any:
     """Queues one engine call on the progress queue ``queue`` as the call
     itself: the queue's thread (or a waiter) runs it with no Python in
     between and never takes the GIL for it.
@@ -432,8 +434,19 @@ def submit(queue: Any, comm: Any, call: str, tensors: Sequence[torch.Tensor], dt
         the job ran.
       dtype (str): The engine's name of their dtype.
       arg (str | int | None): As ``call`` says.
-      keep (object): What owns the tensors (held until the job ended).
+      keep (object): What owns the tensors, including those of ``before``
+        and ``after`` (held until the job ended).
       wake (bool): Wake the queue's thread (False: the caller waits at once).
+      before (list[tuple[torch.Tensor, torch.Tensor]]): ``(source,
+        destination)`` pairs of contiguous tensors of equal byte size, copied
+        in order by the job before the call (a list staged into one flat
+        buffer).
+      after (list[tuple[torch.Tensor, torch.Tensor]]): Likewise, copied once
+        the call succeeded (a flat result out into a list).
+      divide (int): When non-zero, the result of an ``"all_reduce"`` (the
+        tensor) or ``"reduce_scatter"`` (the output) is divided by it before
+        ``after`` (ReduceOp.AVG: true division for floating point, float16
+        and bfloat16 through float32; truncating for integers).
 
     Returns:
       ringlet._core.NativeJob: Its ticket, and its error once it ran; None
@@ -446,7 +459,21 @@ def submit(queue: Any, comm: Any, call: str, tensors: Sequence[torch.Tensor], dt
       True
     """
     return queue.submit_engine(comm, call, [(t.data_ptr(), t.nbytes) for t in tensors], dtype,
-                               arg, keep, wake)
+                               arg, keep, wake, _copies(before), _copies(after), divide)
+
+
+def _copies(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[tuple[int, int, int]]:
+    """``(source, destination)`` tensor pairs as the byte copies a native job
+    runs: ``(source address, destination address, bytes)``."""
+    out = []
+    for src, dst in pairs:
+        if not (src.is_contiguous() and dst.is_contiguous()) or src.nbytes != dst.nbytes:
+            raise ValueError(
+                f"rank {error_rank()}: a staged copy needs contiguous tensors of equal size, "
+                f"got {src.nbytes} and {dst.nbytes} bytes"
+            )
+        out.append((src.data_ptr(), dst.data_ptr(), src.nbytes))
+    return out
 
 
 def broadcast(comm: Any, t: torch.Tensor, root: int, dtype: Optional[str] = None) -> None:

@@ -5,18 +5,23 @@ all-to-alls and the barrier, as a mixin that
 gives them ``_world``, ``_submit``, ``_tensor`` and the group's state).
 
 Each method checks its arguments on the calling thread, then queues the work
-on the group's queue: plain tensors on a connected group as the engine call
-itself (``_submit_engine``: all-reduce, reduce, broadcast, all-gather and
-reduce-scatter into a tensor, all-to-all of one tensor, barrier), anything
-else as one Python job that runs the engine calls (``_submit``). A
-synchronous call runs at once on the calling thread when the queue is idle.
+on the group's queue. On a connected group, plain tensors (contiguous, dense,
+CPU, of one dtype) go as one engine call itself (``_submit_engine``, a native
+job: no Python runs for it on the queue): the list, coalesced and
+multi-device forms are staged through a flat buffer by byte copies the job
+runs before and after the call, and ReduceOp.AVG is a sum the job divides.
+Anything else (the group's first, connecting call; PREMUL_SUM; AVG of complex
+tensors; sparse, non-contiguous or mixed-dtype tensors; the multi-device
+all-reduce, which folds its list first) is one Python job that runs the
+engine calls (``_submit``). A synchronous call runs at once on the calling
+thread when the queue is idle.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable, Optional
 
 import torch
@@ -61,20 +66,66 @@ def _engine_op(op: Any, t: torch.Tensor) -> Optional[str]:
     return red
 
 
-@contextlib.contextmanager
-def _sizes_of(op: str, rule: str) -> Iterator[None]:
-    """Names the user's collective in a size mismatch found by the engine
-    call that implements it (an all-to-all, or a count exchange)."""
-    try:
-        yield
-    except errors.CollectiveMismatchError as e:
+def _renamer(op: str, rule: str) -> Callable[[BaseException], BaseException]:
+    """What names the user's collective in a size mismatch found by the
+    engine call that implements it (an all-to-all, or a count exchange);
+    other errors pass unchanged."""
+
+    def rename(e: BaseException) -> BaseException:
+        if not isinstance(e, errors.CollectiveMismatchError):
+            return e
         where, _, detail = str(e).partition(": ")
         if not (where.startswith("rank ") and detail):
             where, detail = f"rank {runtime_rank()}", str(e)
         new = type(e)(f"{where}: {op}: the ranks' tensor sizes do not fit together "
                       f"({rule}); the engine found: {detail}")
         new.__dict__.update(e.__dict__)
-        raise new from None
+        return new
+
+    return rename
+
+
+@contextlib.contextmanager
+def _sizes_of(op: str, rule: str) -> Iterator[None]:
+    """Names the user's collective in a size mismatch (see ``_renamer``)."""
+    try:
+        yield
+    except errors.CollectiveMismatchError as e:
+        raise _renamer(op, rule)(e) from None
+
+
+_GATHER_RULE = ("all_gather", "output tensor r must have rank r's input size")
+_GATHER_ROOT_RULE = ("gather", "the root's output tensor r must have rank r's input size")
+_SCATTER_RULE = ("scatter", "rank r's output must have the size of the root's input tensor r")
+
+
+def _one_dtype(ts: Iterable[torch.Tensor]) -> Optional[str]:
+    """The engine's dtype name when every tensor of ``ts`` is one the engine
+    takes as it is (see ``plain_dtype``) and all share one dtype, else None
+    (the Python job then converts, stages or names the problem)."""
+    name, dtype = None, None
+    for t in ts:
+        n = plain_dtype(t)
+        if n is None or (dtype is not None and t.dtype != dtype):
+            return None
+        name, dtype = n, t.dtype
+    return name
+
+
+def _pieces(flat: torch.Tensor, sizes: Iterable[int]) -> list[torch.Tensor]:
+    """Consecutive slices of flat ``flat``, one of each size."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(flat[start:start + n])
+        start += n
+    return out
+
+
+def _staged(ts: list[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A fresh flat buffer for ``ts`` back to back, and the copies (for a
+    native job's ``before``) that fill it."""
+    flat = torch.empty(sum(t.numel() for t in ts), dtype=ts[0].dtype)
+    return flat, list(zip(ts, _pieces(flat, (t.numel() for t in ts))))
 
 
 def _gather_ragged(comm: Any, size: int, inp: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -140,6 +191,22 @@ class _Collectives:
                 t.mul_(factor)
         return name, post
 
+    def _native_op(self, op: Any, ts: Iterable[torch.Tensor]) -> Optional[tuple[str, int]]:
+        """The engine's reduce op and divisor (ReduceOp.AVG: the group size;
+        else 0) when a native job runs ``op`` on ``ts`` (the tensors as the
+        caller gave them) by itself, else None: PREMUL_SUM, AVG on complex or
+        bool tensors and a bitwise op on floating point go to the Python job,
+        which scales them or names the problem."""
+        ts = list(ts)
+        if not ts:
+            return None
+        if getattr(op, "op", op) == _RED.AVG:
+            if any(t.is_complex() or t.dtype == torch.bool for t in ts):
+                return None
+            return "sum", self._size
+        red = _engine_op(op, ts[0])
+        return None if red is None else (red, 0)
+
     # -- collectives ---------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -187,6 +254,12 @@ class _Collectives:
                     return self._submit(lambda: engine.all_reduce(self._world(), t, red, name),
                                         [t], wake=wake)
                 return self._submit_engine(comm, "all_reduce", [t], name, red, [t], wake)
+        if self._comm is not None and not (together and len(tensors) != 1):
+            # Plain tensors of one dtype (AVG, or several tensors): one engine
+            # call on them (several staged through one flat buffer).
+            work = self._allreduce_native(tensors, op, opts)
+            if work is not None:
+                return work
         if any(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, op, opts)
         self._real_op(op, tensors, "all_reduce")
@@ -203,6 +276,22 @@ class _Collectives:
             back()
 
         return self._submit(run, list(tensors), wake=_is_async(opts))
+
+    def _allreduce_native(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Optional[Work]:
+        """``allreduce_coalesced`` (or AVG of one tensor) as one native job
+        when the tensors are plain and of one dtype, else None."""
+        name = _one_dtype(tensors) if all(type(t) is torch.Tensor for t in tensors) else None
+        nop = self._native_op(op, tensors) if name is not None else None
+        if nop is None:
+            return None
+        red, divide = nop
+        if len(tensors) == 1:
+            return self._submit_engine(self._comm, "all_reduce", tensors, name, red,
+                                       list(tensors), _is_async(opts), divide=divide)
+        flat, before = _staged(tensors)
+        return self._submit_engine(self._comm, "all_reduce", [flat], name, red, list(tensors),
+                                   _is_async(opts), before, [(d, t) for t, d in before],
+                                   divide)
 
     def _sparse_allreduce(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Work:
         """The sum of sparse COO tensors, written into each (as gloo): every
@@ -318,6 +407,13 @@ class _Collectives:
                 f"{self._where()}: broadcast: invalid root tensor: {pick} (the call has "
                 f"{len(ts)} tensors)"
             )
+        name = _one_dtype(ts) if self._comm is not None else None
+        if name is not None and len({t.data_ptr() for t in ts}) == len(ts):
+            # One broadcast of the root tensor, copied into the others by the job.
+            src = ts[pick]
+            return self._submit_engine(self._comm, "broadcast", [src], name, root,
+                                       list(tensors), _is_async(opts),
+                                       after=[(src, t) for t in ts if t is not src])
 
         def run() -> None:
             dense, back = self._dense(ts)
@@ -343,12 +439,12 @@ class _Collectives:
         mine = self._rank == root
         t, comm = tensors[0], self._comm
         name = plain_dtype(t) if comm is not None else None
-        red = _engine_op(op, t) if name is not None else None
-        if red is not None:
+        nop = self._native_op(op, [t]) if name is not None else None
+        if nop is not None:
             # The engine call itself: an all-reduce into the root's tensor, or
             # into a copy elsewhere (the other ranks' tensors stay as they were).
             return self._submit_engine(comm, "all_reduce", [t if mine else t.clone()], name,
-                                       red, [t], _is_async(opts))
+                                       nop[0], [t], _is_async(opts), divide=nop[1])
         self._real_op(op, tensors, "reduce")
         ts = [self._tensor(t, f"reduce tensors[{i}]") for i, t in enumerate(tensors)]
 
@@ -420,19 +516,16 @@ class _Collectives:
                            "all_gather")
         first = output_tensors[0]
         per_input = [[first[r * k + j] for r in range(size)] for j in range(k)]
-
-        def copies() -> None:
-            for lst in output_tensors[1:]:
-                for o, src in zip(lst, first):
-                    o.copy_(src)
-
-        return self._allgather(per_input, input_tensors, opts, result, then=copies)
+        mirrors = [(src, o) for lst in output_tensors[1:] for o, src in zip(lst, first)]
+        return self._allgather(per_input, input_tensors, opts, result, mirrors)
 
     @_torch_errors
     def _allgather(
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-        opts: Any, result: Any, then: Optional[Callable[[], None]] = None,
+        opts: Any, result: Any, mirrors: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
     ) -> Work:
+        """All-gathers each input into its list of outputs (one per rank),
+        then copies each ``(source, destination)`` of ``mirrors``."""
         ins = [self._tensor(t, "all_gather input") for t in input_tensors]
         outs = [[self._tensor(o, "all_gather output") for o in lst] for lst in output_tensors]
         for lst in outs:
@@ -441,14 +534,51 @@ class _Collectives:
                     f"{self._where()}: all_gather needs {self._size} output tensors (one per "
                     f"rank), got {len(lst)}"
                 )
+        if self._comm is not None and ins:
+            work = self._allgather_native(ins, outs, opts, result, mirrors)
+            if work is not None:
+                return work
 
         def run() -> None:
             for inp, lst in zip(ins, outs):
                 self._gather_into(inp, lst, "all_gather input")
-            if then is not None:
-                then()
+            for src, o in mirrors:
+                o.copy_(src)
 
         return self._submit(run, list(result), wake=_is_async(opts))
+
+    def _allgather_native(
+        self, ins: list[torch.Tensor], outs: list[list[torch.Tensor]], opts: Any, result: Any,
+        mirrors: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ) -> Optional[Work]:
+        """``_allgather`` as one native job when every tensor is plain and of
+        one dtype: an all-gather of the inputs back to back (staged when
+        several), or, for one input whose outputs differ in size (ragged), an
+        all-to-all sending it to every rank; the job copies the flat result
+        into the outputs. None otherwise."""
+        name = _one_dtype([*ins, *(o for lst in outs for o in lst), *(o for _, o in mirrors)])
+        if name is None:
+            return None
+        size, sizes = self._size, [t.numel() for t in ins]
+        dtype, wake, rename = ins[0].dtype, _is_async(opts), _renamer(*_GATHER_RULE)
+        if all(o.numel() == n for lst, n in zip(outs, sizes) for o in lst):
+            total = sum(sizes)
+            src, before = (ins[0], []) if len(ins) == 1 else _staged(ins)
+            flat = torch.empty(size * total, dtype=dtype)
+            after = [(piece, lst[r]) for r in range(size)
+                     for lst, piece in zip(outs, _pieces(flat[r * total:(r + 1) * total], sizes))]
+            return self._submit_engine(self._comm, "all_gather", [src, flat], name, None,
+                                       list(result), wake, before, after + list(mirrors),
+                                       rename=rename)
+        if len(ins) != 1:
+            return None
+        n, counts = sizes[0], [o.numel() for o in outs[0]]
+        send = torch.empty(size * n, dtype=dtype)
+        flat = torch.empty(sum(counts), dtype=dtype)
+        return self._submit_engine(
+            self._comm, "all_to_all_v", [send, flat], name, ([n] * size, counts), list(result),
+            wake, [(ins[0], piece) for piece in _pieces(send, [n] * size)],
+            list(zip(_pieces(flat, counts), outs[0])) + list(mirrors), rename=rename)
 
     @_torch_errors
     def allgather_coalesced(
@@ -497,6 +627,29 @@ class _Collectives:
                     "x input)"
                 )
             pairs.append((o, i))
+        # As gloo's future (its all_gather_into_tensor is an all_gather into
+        # the output's chunks): one tensor per rank for a single output.
+        result = list(outputs[0].chunk(self._size)) if len(outputs) == 1 else list(outputs)
+        name = _one_dtype([t for pair in pairs for t in pair]) if self._comm is not None else None
+        if name is not None and pairs:
+            # One engine call: the inputs back to back (staged when several,
+            # or when the input lies in the output), the job copying each
+            # rank's block into the outputs.
+            ins = [i for _, i in pairs]
+            if len(pairs) == 1:
+                o, i = pairs[0]
+                src, before = (i, []) if disjoint(i, o) else _staged([i])
+                return self._submit_engine(self._comm, "all_gather", [src, o], name, None, result,
+                                           _is_async(opts), before)
+            src, before = _staged(ins)
+            sizes = [i.numel() for i in ins]
+            total = sum(sizes)
+            flat = torch.empty(self._size * total, dtype=src.dtype)
+            after = [(piece, o.view(-1)[r * n:(r + 1) * n]) for r in range(self._size)
+                     for (o, _), n, piece in zip(pairs, sizes,
+                                                 _pieces(flat[r * total:(r + 1) * total], sizes))]
+            return self._submit_engine(self._comm, "all_gather", [src, flat], name, None, result,
+                                       _is_async(opts), before, after)
 
         def run() -> None:
             comm = self._world()
@@ -508,9 +661,6 @@ class _Collectives:
                 engine.all_gather(comm, src, dense[0], check(src, "all_gather_into_tensor input"))
                 back()
 
-        # As gloo's future (its all_gather_into_tensor is an all_gather into
-        # the output's chunks): one tensor per rank for a single output.
-        result = list(outputs[0].chunk(self._size)) if len(outputs) == 1 else list(outputs)
         return self._submit(run, result, wake=_is_async(opts))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -562,6 +712,26 @@ class _Collectives:
                     f"this rank's input block holds {lst[self._rank].numel()}"
                 )
 
+        name = (_one_dtype([*outs, *ins[0]]) if self._comm is not None and len(outs) == 1
+                else None)
+        nop = (self._native_op(op, [output_tensors[0], *input_tensors[0]]) if name is not None
+               else None)
+        if nop is not None:
+            # One engine call on the inputs staged back to back: a
+            # reduce-scatter into the output, or (blocks differing in size)
+            # an all-reduce whose block of this rank the job copies out.
+            (red, divide), o = nop, outs[0]
+            flat, before = _staged(ins[0])
+            blocks = [t.numel() for t in ins[0]]
+            if len(set(blocks)) == 1:
+                return self._submit_engine(self._comm, "reduce_scatter", [flat, o], name, red,
+                                           list(output_tensors), _is_async(opts), before,
+                                           divide=divide)
+            mine = _pieces(flat, blocks)[self._rank]
+            return self._submit_engine(self._comm, "all_reduce", [flat], name, red,
+                                       list(output_tensors), _is_async(opts), before,
+                                       [(mine, o)], divide)
+
         def run() -> None:
             for o, lst in zip(outs, ins):
                 flat = torch.cat([t.reshape(-1) for t in lst])
@@ -601,6 +771,28 @@ class _Collectives:
                     "output)"
                 )
             pairs.append((o, i))
+        name = _one_dtype([t for pair in pairs for t in pair]) if self._comm is not None else None
+        nop = (self._native_op(op, [*outputs, *inputs]) if name is not None and pairs
+               else None)
+        if nop is not None:
+            # One engine call: each rank's blocks of the inputs staged side by
+            # side (unless one input lies apart from its output), the job
+            # copying the reduced blocks into the outputs.
+            (red, divide), size = nop, self._size
+            if len(pairs) == 1 and disjoint(pairs[0][1], pairs[0][0]):
+                o, i = pairs[0]
+                return self._submit_engine(self._comm, "reduce_scatter", [i, o], name, red,
+                                           list(outputs), _is_async(opts), divide=divide)
+            sizes = [o.numel() for o, _ in pairs]
+            total = sum(sizes)
+            flat = torch.empty(size * total, dtype=pairs[0][0].dtype)
+            before = [(i.view(-1)[r * m:(r + 1) * m], piece) for r in range(size)
+                      for (_, i), m, piece in zip(pairs, sizes,
+                                                  _pieces(flat[r * total:(r + 1) * total], sizes))]
+            mine = flat.new_empty(total)
+            after = [(piece, o) for (o, _), piece in zip(pairs, _pieces(mine, sizes))]
+            return self._submit_engine(self._comm, "reduce_scatter", [flat, mine], name, red,
+                                       list(outputs), _is_async(opts), before, after, divide)
 
         def run() -> None:
             for o, i in pairs:
@@ -631,6 +823,20 @@ class _Collectives:
             outs = [self._tensor(o, "gather output") for o in output_tensors[0]]
         elif output_tensors and any(output_tensors):
             raise ValueError(f"{self._where()}: gather output tensors are only given on the root")
+        # As gloo's future: the root's list of gathered tensors.
+        result = list(output_tensors[0]) if outs else list(output_tensors)
+        if self._comm is not None and _one_dtype([inp, *outs]) is not None:
+            # One all-to-all (every rank sends its input to the root only),
+            # the job copying the root's flat result into its outputs.
+            counts = [0] * self._size
+            counts[root] = inp.numel()
+            recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
+            flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
+            return self._submit_engine(
+                self._comm, "all_to_all_v", [inp, flat], plain_dtype(inp),
+                (counts, recv_counts), result, _is_async(opts),
+                after=list(zip(_pieces(flat, recv_counts), outs)),
+                rename=_renamer(*_GATHER_ROOT_RULE))
 
         def run() -> None:
             send = inp.contiguous().view(-1)
@@ -638,12 +844,10 @@ class _Collectives:
             counts[root] = send.numel()
             recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
             flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
-            with _sizes_of("gather", "the root's output tensor r must have rank r's input size"):
+            with _sizes_of(*_GATHER_ROOT_RULE):
                 engine.all_to_all_v(self._world(), send, counts, flat, recv_counts)
             _split_into(flat, outs)
 
-        # As gloo's future: the root's list of gathered tensors.
-        result = list(output_tensors[0]) if outs else list(output_tensors)
         return self._submit(run, result, wake=_is_async(opts))
 
     @_torch_errors
@@ -666,6 +870,17 @@ class _Collectives:
             ins = [self._tensor(t, "scatter input") for t in input_tensors[0]]
         elif input_tensors and any(input_tensors):
             raise ValueError(f"{self._where()}: scatter input tensors are only given on the root")
+        if self._comm is not None and _one_dtype([out, *ins]) is not None:
+            # One all-to-all (the root sends block r to rank r) into the
+            # output, the root's inputs staged back to back by the job.
+            send, before = _staged(ins) if ins else (out.new_empty(0), [])
+            counts = [t.numel() for t in ins] if ins else [0] * self._size
+            recv_counts = [0] * self._size
+            recv_counts[root] = out.numel()
+            return self._submit_engine(
+                self._comm, "all_to_all_v", [send, out], plain_dtype(out),
+                (counts, recv_counts), list(output_tensors), _is_async(opts), before,
+                rename=_renamer(*_SCATTER_RULE))
 
         def run() -> None:
             send = (torch.cat([t.reshape(-1) for t in ins]) if ins
@@ -674,8 +889,7 @@ class _Collectives:
             recv_counts = [0] * self._size
             recv_counts[root] = out.numel()
             dense, back = self._dense([out])
-            with _sizes_of("scatter", "rank r's output must have the size of the root's input "
-                                      "tensor r"):
+            with _sizes_of(*_SCATTER_RULE):
                 engine.all_to_all_v(self._world(), send, counts, dense[0].view(-1), recv_counts)
             back()
 
@@ -745,6 +959,16 @@ class _Collectives:
             raise ValueError(
                 f"{self._where()}: all_to_all tensors mix dtypes {sorted(map(str, dtypes))}"
             )
+        name = _one_dtype(ins + outs) if self._comm is not None else None
+        if name is not None:
+            # One engine all-to-all on the inputs staged back to back, the
+            # job copying the flat result into the outputs.
+            send, before = _staged(ins)
+            flat, after = _staged(outs)
+            return self._submit_engine(
+                self._comm, "all_to_all_v", [send, flat], name,
+                ([t.numel() for t in ins], [o.numel() for o in outs]), list(output_tensors),
+                _is_async(opts), before, [(piece, o) for o, piece in after])
 
         def run() -> None:
             send = torch.cat([t.reshape(-1) for t in ins])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Callable, Optional, Union
 
@@ -327,18 +328,31 @@ class ProcessGroupRinglet(_Collectives, _PointToPoint, ProcessGroup):
     def _submit_engine(
         self, comm: Any, call: str, tensors: list[torch.Tensor], dtype: str, arg: Any,
         result: Union[list[Any], Callable[[], list[Any]]], wake: bool,
+        before: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+        after: Sequence[tuple[torch.Tensor, torch.Tensor]] = (), divide: int = 0,
+        rename: Optional[Callable[[BaseException], BaseException]] = None,
     ) -> Work:
         """Queues one engine call as it is (``engine.submit``: no Python job
-        runs for it on the queue); the work's result (and its future's value)
-        is ``result`` (or what calling it gives: made only when a work is). A
+        runs for it on the queue), with the byte copies ``before`` and
+        ``after`` it and the division ``divide`` (ReduceOp.AVG) that the job
+        runs itself; the work's result (and its future's value) is ``result``
+        (or what calling it gives: made only when a work is). ``rename``
+        rewrites the engine's error (naming the user's collective). A
         synchronous call (``wake`` False) on an idle queue runs at once on
         this thread and returns the finished ``_DONE``."""
-        job = engine.submit(self._queue, comm, call, tensors, dtype, arg, tensors, wake)
+        keep = (tensors, before, after) if before or after else tensors
+        try:
+            job = engine.submit(self._queue, comm, call, tensors, dtype, arg, keep, wake,
+                                before, after, divide)
+        except errors.RingletError as e:
+            if rename is None:
+                raise
+            raise rename(e) from None
         if job is None:
             return _DONE
         if callable(result):
             result = result()
-        work = Work._native(self._queue, job, result, self._timeout)
+        work = Work._native(self._queue, job, result, self._timeout, rename)
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work

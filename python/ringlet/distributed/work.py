@@ -150,16 +150,22 @@ class Work(_CWork):
         self._waiting: Optional[threading.Event] = None  # set once done, for wait(timeout)
         self._job: Any = None  # a native job (_core.NativeJob) not yet settled
         self._settling = threading.Lock()  # held while a native job's outcome is recorded
+        self._rename: Optional[Callable[[BaseException], BaseException]] = None  # of its error
 
     @classmethod
-    def _native(cls, queue: Any, job: Any, result: list[Any], timeout: float) -> Work:
+    def _native(
+        cls, queue: Any, job: Any, result: list[Any], timeout: float,
+        rename: Optional[Callable[[BaseException], BaseException]] = None,
+    ) -> Work:
         """The work of ``job``, an engine call queued on ``queue`` as it is
         (``core.engine.submit``): no Python runs when it ends; the
         work learns its outcome when asked (``wait``, ``is_completed``) or, once
-        a future was asked for, from a completion thread that waits for it."""
+        a future was asked for, from a completion thread that waits for it.
+        ``rename`` rewrites the engine's error (naming the user's collective)."""
         work = cls(queue, result, timeout)
         work._job = job
         work._ticket = job.ticket
+        work._rename = rename
         return work
 
     def _settle(self, ran: bool = False) -> bool:
@@ -181,6 +187,8 @@ class Work(_CWork):
                 exc = job.error()
             except Exception as e:  # never ran: its group was closed first
                 exc = e
+            if exc is not None and self._rename is not None:
+                exc = self._rename(exc)
             self._finish(_DistErrors.convert(exc) if exc is not None else None)
             self._job = None
             return True
