@@ -39,6 +39,9 @@ _RS = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
        "broadcast"]
+# The list forms (one tensor per rank), by --ops: the same bytes as their
+# one-tensor forms above (``bytes``: the all-reduce's, the gathered whole).
+LIST_OPS = ["all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"]
 
 
 def _fmt(n: int) -> str:
@@ -76,7 +79,21 @@ def _calls(op: str, size: int, n: int, group: Any) -> Callable[[], Any]:
     if op == "broadcast":
         x = torch.ones(k)
         return lambda: dist.broadcast(x, group_src=0, group=group)
-    raise SystemExit(f"unknown op {op!r}; one of {', '.join(OPS)}")
+    x, parts = torch.ones(k // n), [torch.empty(k // n) for _ in range(n)]
+    mine = dist.get_rank(group) if group is not None else dist.get_rank()
+    if op == "all_gather":
+        return lambda: dist.all_gather(parts, x, group=group)
+    if op == "reduce_scatter":
+        ins = [torch.ones(k // n) for _ in range(n)]
+        return lambda: dist.reduce_scatter(x, ins, group=group)
+    if op == "all_to_all":
+        ins = [torch.ones(k // n) for _ in range(n)]
+        return lambda: dist.all_to_all(parts, ins, group=group)
+    if op == "gather":
+        return lambda: dist.gather(x, parts if mine == 0 else None, group_dst=0, group=group)
+    if op == "scatter":
+        return lambda: dist.scatter(x, parts if mine == 0 else None, group_src=0, group=group)
+    raise SystemExit(f"unknown op {op!r}; one of {', '.join(OPS + LIST_OPS)}")
 
 
 def collectives(ops: list[str], sizes: list[int], budget: float, gloo: Any) -> list[dict]:
