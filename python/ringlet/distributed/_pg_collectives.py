@@ -408,7 +408,7 @@ class _Collectives:
                 f"{len(ts)} tensors)"
             )
         name = _one_dtype(ts) if self._comm is not None else None
-        if name is not None and len({t.data_ptr() for t in ts}) == len(ts):
+        if name is not None:
             # One broadcast of the root tensor, copied into the others by the job.
             src = ts[pick]
             return self._submit_engine(self._comm, "broadcast", [src], name, root,
