@@ -44,6 +44,16 @@ impl RawBuf {
         unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
     }
 
+    /// Its length in bytes.
+    pub fn len(self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(self) -> bool {
+        self.len == 0
+    }
+
     fn overlaps(self, other: RawBuf) -> bool {
         self.len > 0
             && other.len > 0
@@ -88,6 +98,41 @@ impl Copies {
                 unsafe { std::ptr::copy(from.ptr as *const u8, to.ptr as *mut u8, from.len) }
             }
         }
+    }
+}
+
+/// Copies the ranges `bufs` back to back into `dst` (cleared first): a list
+/// of inputs staged into one flat buffer.
+///
+/// # Safety
+/// Every range must be readable memory that stays alive, and that no one
+/// writes, for the call.
+pub unsafe fn stage(bufs: &[RawBuf], dst: &mut Vec<u8>) {
+    dst.clear();
+    dst.reserve(bufs.iter().map(|b| b.len).sum());
+    for b in bufs {
+        // SAFETY: readable and unwritten for the call per the contract.
+        dst.extend_from_slice(unsafe { b.slice() });
+    }
+}
+
+/// Copies `src` out into the ranges `bufs`, in order (`src` holds at least
+/// their total length): a flat result copied into a list of outputs.
+///
+/// # Safety
+/// Every range must be writable memory that stays alive, and that no one
+/// else reads or writes, for the call; the ranges may overlap each other
+/// (the later copy wins), not `src`.
+pub unsafe fn unstage(src: &[u8], bufs: &[RawBuf]) {
+    let mut at = 0;
+    for b in bufs {
+        let piece = &src[at..at + b.len];
+        if b.len > 0 {
+            // SAFETY: `piece` is `b.len` bytes of `src`, which no range
+            // overlaps; the destination is writable per the contract.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), b.ptr as *mut u8, b.len) }
+        }
+        at += b.len;
     }
 }
 

@@ -25,6 +25,7 @@
 //! the GIL: a queued Python job it runs takes it.
 
 use crate::buf::{self, RawBuf};
+use crate::collective::ListOp;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{panic_message, Error, Result};
 use crate::group::{Communicator, SharedCommunicator};
@@ -41,7 +42,7 @@ pub const RINGLET_OK: i32 = 0;
 pub const RINGLET_ERROR: i32 = 1;
 
 /// Bumped when [`RingletCApi`] changes incompatibly.
-pub const RINGLET_CAPI_VERSION: u32 = 1;
+pub const RINGLET_CAPI_VERSION: u32 = 2;
 
 /// One process group as the C++ Backend sees it: the group's progress queue
 /// (shared with its Python jobs) and its communicator (shared with the
@@ -374,6 +375,78 @@ c_api! {
             c.all_to_all_v(unsafe { i.slice() }, &sends, unsafe { o.slice_mut() }, &recvs, d)
         }
     }
+
+    /// A list form of torch.distributed's collectives
+    /// ([`crate::collective::ListOp`]): `kind` 0 all_gather, 1 gather, 2
+    /// scatter (`root`), 3 all_to_all, 4 reduce_scatter (`op_code`); `ins`
+    /// and `outs` hold `nin` and `nout` buffers, which may alias each other
+    /// (they are staged through flat buffers of the engine's own).
+    ///
+    /// # Safety
+    /// `g` is a live handle; `ins` and `outs` point to `nin` and `nout`
+    /// [`RingletBuf`]s (read during the call only), each a range the caller
+    /// keeps alive, and leaves alone, during the call; `err` is null or
+    /// writable.
+    fn list_collective(
+        kind: u32, ins: *const RingletBuf, nin: usize, outs: *const RingletBuf, nout: usize,
+        dtype_code: u32, op_code: u32, root: usize,
+    ) {
+        let d = dtype(dtype_code)?;
+        let op = match kind {
+            0 => ListOp::AllGather,
+            1 => ListOp::Gather { root },
+            2 => ListOp::Scatter { root },
+            3 => ListOp::AllToAll,
+            4 => ListOp::ReduceScatter(reduce_op(op_code)?),
+            other => {
+                return Err(Error::InvalidArgument(format!("unknown list collective {other}")))
+            }
+        };
+        // SAFETY: `nin` / `nout` readable entries per the contract.
+        let (ins, outs) = unsafe { (ring_bufs(ins, nin)?, ring_bufs(outs, nout)?) };
+        move |c: &mut Communicator| {
+            let mut send = Vec::new();
+            // SAFETY: the caller keeps every range alive and untouched during
+            // the call, and `run` returns only after this job ran or was
+            // withdrawn.
+            unsafe { buf::stage(&ins, &mut send) };
+            let in_lens: Vec<usize> = ins.iter().map(|b| b.len()).collect();
+            let out_lens: Vec<usize> = outs.iter().map(|b| b.len()).collect();
+            let mut recv = vec![0u8; out_lens.iter().sum()];
+            c.list_collective(op, &send, &in_lens, &mut recv, &out_lens, d)?;
+            // SAFETY: as for the staging above; `recv` is ours.
+            unsafe { buf::unstage(&recv, &outs) };
+            Ok(())
+        }
+    }
+}
+
+/// A buffer of a list handed over the C ABI: its address and byte length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RingletBuf {
+    /// The first byte (null only when `nbytes` is 0).
+    pub ptr: *mut c_void,
+    /// Its length.
+    pub nbytes: usize,
+}
+
+/// The `n` buffers at `bufs`, copied out.
+///
+/// # Safety
+/// `bufs` points to `n` readable [`RingletBuf`]s (or `n` is 0).
+unsafe fn ring_bufs(bufs: *const RingletBuf, n: usize) -> Result<Vec<RawBuf>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if bufs.is_null() {
+        return Err(Error::InvalidArgument("null buffer list".into()));
+    }
+    // SAFETY: non-null, `n` readable entries per the contract.
+    let list = unsafe { std::slice::from_raw_parts(bufs, n) };
+    list.iter()
+        .map(|b| RawBuf::new(b.ptr as usize, b.nbytes))
+        .collect()
 }
 
 /// The message of an error (valid until it is freed or taken).

@@ -246,3 +246,163 @@ fn small_tcp_all_reduce_up_to_16_ranks() {
         }
     }
 }
+
+/// The list forms (`Communicator::list_collective`): every form, even and
+/// ragged lists, on shared memory and TCP; a size mismatch names the form.
+#[test]
+fn list_forms_stage_lists_through_one_collective() {
+    use ringlet_core::collective::ListOp;
+    let val = |r: usize, j: usize, i: usize| (r * 50 + j * 7 + i) as u8;
+    for (name, cfg) in modes(64 << 10) {
+        let p = 3;
+        let mut comms = local_group(p, &cfg).unwrap();
+        for ragged in [false, true] {
+            // rank r's entry for peer j holds len(r, j) bytes
+            let len = |r: usize, j: usize| if ragged { 1 + r + 2 * j } else { 4 };
+            let what = format!("{name} ragged={ragged}");
+            // all_gather: rank r's input (len(r, 0)) to everyone
+            let got = run_ranks(&mut comms, |r, c| {
+                let send: Vec<u8> = (0..len(r, 0)).map(|i| val(r, 0, i)).collect();
+                let outs: Vec<usize> = (0..p).map(|j| len(j, 0)).collect();
+                let mut recv = vec![0u8; outs.iter().sum()];
+                c.list_collective(
+                    ListOp::AllGather,
+                    &send,
+                    &[send.len()],
+                    &mut recv,
+                    &outs,
+                    DType::U8,
+                )
+                .unwrap();
+                recv
+            });
+            let want: Vec<u8> = (0..p)
+                .flat_map(|j| (0..len(j, 0)).map(move |i| val(j, 0, i)))
+                .collect();
+            assert!(got.iter().all(|g| *g == want), "{what}: all_gather");
+            // all_to_all: rank r sends len(r, j) bytes to rank j
+            let got = run_ranks(&mut comms, |r, c| {
+                let ins: Vec<usize> = (0..p).map(|j| len(r, j)).collect();
+                let send: Vec<u8> = (0..p)
+                    .flat_map(|j| (0..len(r, j)).map(move |i| val(r, j, i)))
+                    .collect();
+                let outs: Vec<usize> = (0..p).map(|j| len(j, r)).collect();
+                let mut recv = vec![0u8; outs.iter().sum()];
+                c.list_collective(ListOp::AllToAll, &send, &ins, &mut recv, &outs, DType::U8)
+                    .unwrap();
+                recv
+            });
+            for (r, g) in got.iter().enumerate() {
+                let want: Vec<u8> = (0..p)
+                    .flat_map(|j| (0..len(j, r)).map(move |i| val(j, r, i)))
+                    .collect();
+                assert_eq!(*g, want, "{what}: all_to_all rank {r}");
+            }
+            // gather to rank 1, scatter from rank 2
+            let got = run_ranks(&mut comms, |r, c| {
+                let send: Vec<u8> = (0..len(r, 0)).map(|i| val(r, 0, i)).collect();
+                let outs: Vec<usize> = if r == 1 {
+                    (0..p).map(|j| len(j, 0)).collect()
+                } else {
+                    vec![]
+                };
+                let mut recv = vec![0u8; outs.iter().sum()];
+                c.list_collective(
+                    ListOp::Gather { root: 1 },
+                    &send,
+                    &[send.len()],
+                    &mut recv,
+                    &outs,
+                    DType::U8,
+                )
+                .unwrap();
+                recv
+            });
+            assert_eq!(got[1], want, "{what}: gather");
+            let got = run_ranks(&mut comms, |r, c| {
+                let ins: Vec<usize> = if r == 2 {
+                    (0..p).map(|j| len(2, j)).collect()
+                } else {
+                    vec![]
+                };
+                let send: Vec<u8> = if r == 2 {
+                    (0..p)
+                        .flat_map(|j| (0..len(2, j)).map(move |i| val(2, j, i)))
+                        .collect()
+                } else {
+                    vec![]
+                };
+                let mut recv = vec![0u8; len(2, r)];
+                let n = recv.len();
+                c.list_collective(
+                    ListOp::Scatter { root: 2 },
+                    &send,
+                    &ins,
+                    &mut recv,
+                    &[n],
+                    DType::U8,
+                )
+                .unwrap();
+                recv
+            });
+            for (r, g) in got.iter().enumerate() {
+                assert_eq!(
+                    *g,
+                    (0..len(2, r)).map(|i| val(2, r, i)).collect::<Vec<_>>(),
+                    "{what}: scatter"
+                );
+            }
+            // reduce_scatter (max): block j of every rank has len(0, j) bytes
+            let got = run_ranks(&mut comms, |r, c| {
+                let ins: Vec<usize> = (0..p).map(|j| len(0, j)).collect();
+                let send: Vec<u8> = (0..p)
+                    .flat_map(|j| (0..len(0, j)).map(move |i| val(r, j, i)))
+                    .collect();
+                let mut recv = vec![0u8; len(0, r)];
+                let n = recv.len();
+                c.list_collective(
+                    ListOp::ReduceScatter(ReduceOp::Max),
+                    &send,
+                    &ins,
+                    &mut recv,
+                    &[n],
+                    DType::U8,
+                )
+                .unwrap();
+                recv
+            });
+            for (r, g) in got.iter().enumerate() {
+                let want: Vec<u8> = (0..len(0, r)).map(|i| val(p - 1, r, i)).collect();
+                assert_eq!(*g, want, "{what}: reduce_scatter rank {r}");
+            }
+        }
+        // rank 0 gathers 3 bytes where the root expects 2 of each: every rank
+        // fails, naming gather
+        let got = run_ranks(&mut comms, |r, c| {
+            let send = vec![1u8; if r == 0 { 3 } else { 2 }];
+            let outs = if r == 2 { vec![2; p] } else { vec![] };
+            let mut recv = vec![0u8; outs.iter().sum()];
+            c.list_collective(
+                ListOp::Gather { root: 2 },
+                &send,
+                &[send.len()],
+                &mut recv,
+                &outs,
+                DType::U8,
+            )
+        });
+        for (r, g) in got.iter().enumerate() {
+            let e = g.as_ref().expect_err("a mismatch");
+            assert!(
+                e.to_string()
+                    .contains("gather: the ranks' tensor sizes do not fit"),
+                "{name} rank {r}: {e}"
+            );
+        }
+        let got = run_ranks(&mut comms, |_, c| c.barrier());
+        assert!(
+            got.iter().all(|g| g.is_ok()),
+            "{name}: usable after a mismatch"
+        );
+    }
+}

@@ -13,8 +13,11 @@ mod all_reduce;
 mod all_to_all;
 mod barrier;
 mod broadcast;
+mod lists;
 mod reduce_scatter;
 mod send_recv;
+
+pub use lists::ListOp;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
