@@ -375,7 +375,7 @@ def _sequence(rank: int, world: int, group: Any, n: int, sequential: bool) -> li
         dist.send(part, dst=peer, group=group)
     part.add_(got)
     gathered = [torch.empty(n) for _ in range(world)]
-    dist.all_gather(gathered, part, group=group)  # the list form: Python
+    dist.all_gather(gathered, part, group=group)  # the list form: the C ABI too
     y = torch.stack(gathered).sum(0)
     issued(dist.all_reduce(y, group=group, async_op=True))
     dist.barrier(group=group)
@@ -411,11 +411,85 @@ def test_operations_of_both_doors_run_in_issue_order() -> None:
     _native_or_skip()
     out = launch(3, _order_job, free_port(), init=False, timeout=240)
     for r in range(3):
-        # 6 synchronous collectives per round take the C ABI (all_reduce
-        # MAX, all_gather_into_tensor, reduce_scatter_tensor, barrier,
-        # all_to_all_single, all_reduce MIN); the first round's first ones
-        # may not (the group connects in its first, asynchronous, work)
-        assert out[r]["native_calls"] >= 6 * 11, out[r]
+        # 7 synchronous collectives per round take the C ABI (all_reduce
+        # MAX, all_gather_into_tensor, reduce_scatter_tensor, all_gather of a
+        # list, barrier, all_to_all_single, all_reduce MIN); the first
+        # round's first ones may not (the group connects in its first,
+        # asynchronous, work)
+        assert out[r]["native_calls"] >= 7 * 11, out[r]
+
+
+def _list_forms_job(rank: int, world: int, port: int) -> str:
+    _init(rank, world, port)
+    gloo = dist.new_group(backend="gloo")
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    last = world - 1
+
+    def run(group: Any) -> list[torch.Tensor]:
+        x = _ints(rank, 5, torch.float32, seed=1)
+        ag = [torch.empty(5) for _ in range(world)]
+        dist.all_gather(ag, x, group=group)
+        # the input is one of the outputs (the engine stages the lists)
+        al = [torch.full((3,), -1, dtype=torch.int64) for _ in range(world)]
+        al[rank] = torch.arange(3) + 10 * rank
+        dist.all_gather(al, al[rank], group=group)
+        g = [torch.empty(4, dtype=torch.bfloat16) for _ in range(world)] if rank == last else None
+        dist.gather(_ints(rank, 4, torch.bfloat16, seed=2), g, dst=last, group=group)
+        sc = torch.empty(3, dtype=torch.int32)
+        dist.scatter(sc, [torch.full((3,), r + 1, dtype=torch.int32) * 7 for r in range(world)]
+                     if rank == 0 else None, src=0, group=group)
+        a2a = [torch.empty(2, dtype=torch.float64) for _ in range(world)]
+        dist.all_to_all(a2a, [torch.full((2,), 10.0 * rank + j, dtype=torch.float64)
+                              for j in range(world)], group=group)
+        rs = torch.empty(6, dtype=torch.int64)
+        dist.reduce_scatter(rs, [_ints(rank, 6, torch.int64, seed=3 + j) for j in range(world)],
+                            op=dist.ReduceOp.MAX, group=group)
+        return [*ag, *al, *(g or []), sc, *a2a, rs]
+
+    dist.barrier()  # the group's first collective connects it (through Python)
+    before = backend.native_calls
+    mine = run(None)
+    took = backend.native_calls - before
+    ref = run(gloo)
+    for i, (a, b) in enumerate(zip(mine, ref)):
+        assert torch.equal(a, b), f"list form result {i}: {a} != {b}"
+    assert took == 6, took  # one C ABI call each
+    # ragged all_gather (gloo refuses it): rank r's block holds r + 1 elements
+    ragged = [torch.empty(r + 1) for r in range(world)]
+    dist.all_gather(ragged, torch.full((rank + 1,), float(rank)))
+    assert [t.tolist() for t in ragged] == [[float(r)] * (r + 1) for r in range(world)]
+    # a non-contiguous output: the Python group's path, the same result
+    before = backend.native_calls
+    wide = torch.zeros(world, 10)
+    cols = [wide[r, ::2] for r in range(world)]
+    dist.all_gather(cols, torch.full((5,), float(rank)))
+    assert backend.native_calls == before
+    assert torch.equal(wide[:, ::2], torch.arange(float(world)).repeat_interleave(5).view(world, 5))
+    # sizes that do not fit across ranks: an error naming the collective on
+    # every rank, and the group stays usable
+    got = [torch.empty(2) for _ in range(world)] if rank == last else None
+    with pytest.raises(RuntimeError, match="gather: the ranks' tensor sizes do not fit"):
+        dist.gather(torch.ones(2 + (rank == 0)), got, dst=last)
+    with pytest.raises(RuntimeError, match="all_to_all: the ranks' tensor sizes do not fit"):
+        dist.all_to_all([torch.empty(2) for _ in range(world)],
+                        [torch.ones(2 + (rank == 0)) for _ in range(world)])
+    ok = torch.ones(1)
+    dist.all_reduce(ok)
+    assert ok.item() == world
+    dist.destroy_process_group()
+    return "ok"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_list_forms_take_the_c_abi(world: int) -> None:
+    """all_gather into a list, gather, scatter, all_to_all of lists and
+    reduce_scatter of a list, synchronous on plain tensors: one C ABI call
+    each (the engine stages the lists, which may alias), gloo's results; a
+    ragged all_gather; a non-contiguous output through the Python group; size
+    mismatches named on every rank."""
+    _native_or_skip()
+    out = launch(world, _list_forms_job, free_port(), init=False, timeout=180)
+    assert out == {r: "ok" for r in range(world)}
 
 
 # -- shrink_group -----------------------------------------------------------------

@@ -447,6 +447,11 @@ class __attribute__((visibility("hidden"))) RingletBackend : public Backend {
                                      std::vector<at::Tensor>& inputs,
                                      const c10d::AllgatherOptions& opts) override {
     ++seq_;
+    if (!opts.asyncOp && inputs.size() == 1 && outputs.size() == 1 &&
+        outputs[0].size() == static_cast<size_t>(getSize()) &&
+        list_call(RINGLET_LIST_ALL_GATHER, inputs, outputs[0], RINGLET_SUM, 0)) {
+      return c10::make_intrusive<DoneWork>(outputs[0]);
+    }
     return forward("allgather", outputs, inputs, own(opts));
   }
   c10::intrusive_ptr<Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -465,18 +470,45 @@ class __attribute__((visibility("hidden"))) RingletBackend : public Backend {
                                   std::vector<at::Tensor>& inputs,
                                   const c10d::GatherOptions& opts) override {
     ++seq_;
+    const std::vector<at::Tensor> none;
+    const bool root = opts.rootRank == getRank();
+    if (!opts.asyncOp && inputs.size() == 1 && valid_root(opts.rootRank) &&
+        (root ? outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(getSize())
+              : outputs.empty() || (outputs.size() == 1 && outputs[0].empty())) &&
+        list_call(RINGLET_LIST_GATHER, inputs, root ? outputs[0] : none, RINGLET_SUM,
+             opts.rootRank)) {
+      return c10::make_intrusive<DoneWork>(root ? outputs[0] : std::vector<at::Tensor>{});
+    }
     return forward("gather", outputs, inputs, own(opts));
   }
   c10::intrusive_ptr<Work> scatter(std::vector<at::Tensor>& outputs,
                                    std::vector<std::vector<at::Tensor>>& inputs,
                                    const c10d::ScatterOptions& opts) override {
     ++seq_;
+    const std::vector<at::Tensor> none;
+    const bool root = opts.rootRank == getRank();
+    if (!opts.asyncOp && outputs.size() == 1 && valid_root(opts.rootRank) &&
+        (root ? inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(getSize())
+              : inputs.empty() || (inputs.size() == 1 && inputs[0].empty())) &&
+        list_call(RINGLET_LIST_SCATTER, root ? inputs[0] : none, outputs, RINGLET_SUM,
+             opts.rootRank)) {
+      return c10::make_intrusive<DoneWork>(outputs);
+    }
     return forward("scatter", outputs, inputs, own(opts));
   }
   c10::intrusive_ptr<Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                           std::vector<std::vector<at::Tensor>>& inputs,
                                           const c10d::ReduceScatterOptions& opts) override {
     ++seq_;
+    if (!opts.asyncOp && outputs.size() == 1 && inputs.size() == 1 &&
+        inputs[0].size() == static_cast<size_t>(getSize()) && outputs[0].defined() &&
+        inputs[0][getRank()].defined() &&
+        inputs[0][getRank()].numel() == outputs[0].numel()) {
+      const int op = op_code(opts.reduceOp, outputs[0].scalar_type());
+      if (op >= 0 && list_call(RINGLET_LIST_REDUCE_SCATTER, inputs[0], outputs, op, 0)) {
+        return c10::make_intrusive<DoneWork>(outputs);
+      }
+    }
     return forward("reduce_scatter", outputs, inputs, own(opts));
   }
   c10::intrusive_ptr<Work> reduce_scatter_tensor_coalesced(
@@ -489,6 +521,11 @@ class __attribute__((visibility("hidden"))) RingletBackend : public Backend {
                                     std::vector<at::Tensor>& inputs,
                                     const c10d::AllToAllOptions& opts) override {
     ++seq_;
+    const auto n = static_cast<size_t>(getSize());
+    if (!opts.asyncOp && inputs.size() == n && outputs.size() == n &&
+        list_call(RINGLET_LIST_ALL_TO_ALL, inputs, outputs, RINGLET_SUM, 0)) {
+      return c10::make_intrusive<DoneWork>(outputs);
+    }
     return forward("alltoall", outputs, inputs, own(opts));
   }
   c10::intrusive_ptr<Work> send(std::vector<at::Tensor>& tensors, int dstRank,
@@ -630,6 +667,36 @@ class __attribute__((visibility("hidden"))) RingletBackend : public Backend {
       raise(err);
     }
     return true;
+  }
+
+  bool valid_root(int64_t root) const { return root >= 0 && root < getSize(); }
+
+  // A list form (RingletListKind) as one engine call when every tensor of
+  // `ins` and `outs` is plain with one dtype (the engine stages the lists
+  // through flat buffers of its own, so they may alias); false (nothing
+  // done) otherwise: the Python group then checks, converts or names the
+  // problem.
+  bool list_call(uint32_t kind, const std::vector<at::Tensor>& ins,
+            const std::vector<at::Tensor>& outs, int op, int64_t root) {
+    int d = -1;
+    std::vector<RingletBuf> in_bufs, out_bufs;
+    in_bufs.reserve(ins.size());
+    out_bufs.reserve(outs.size());
+    for (const auto& pair : {std::make_pair(&ins, &in_bufs), std::make_pair(&outs, &out_bufs)}) {
+      for (const at::Tensor& t : *pair.first) {
+        const int code = plain(t);
+        if (code < 0 || (d >= 0 && code != d)) {
+          return false;
+        }
+        d = code;
+        pair.second->push_back(RingletBuf{t.data_ptr(), t.nbytes()});
+      }
+    }
+    return d >= 0 && native([&](const RingletNativeGroup* g, uint64_t ms, RingletCError** e) {
+             return api_->list_collective(g, kind, in_bufs.data(), in_bufs.size(),
+                                          out_bufs.data(), out_bufs.size(), d, op,
+                                          static_cast<size_t>(root), ms, e);
+           });
   }
 
   // Element counts per rank of an all-to-all tensor split by dim-0 rows.

@@ -15,7 +15,7 @@ struct RingletNativeGroup;  // opaque: a group's progress queue and communicator
 struct RingletCError;       // opaque: an engine error (message + kind + culprit)
 
 enum : int32_t { RINGLET_OK = 0, RINGLET_ERROR = 1 };
-enum : uint32_t { RINGLET_CAPI_VERSION = 1 };
+enum : uint32_t { RINGLET_CAPI_VERSION = 2 };
 
 // Engine dtype codes (ringlet_core::DType) and reduce op codes
 // (ringlet_core::ReduceOp).
@@ -26,6 +26,18 @@ enum RingletDType : uint32_t {
 enum RingletReduceOp : uint32_t {
   RINGLET_SUM = 0, RINGLET_MUL = 1, RINGLET_MIN = 2, RINGLET_MAX = 3,
   RINGLET_AND = 4, RINGLET_OR = 5, RINGLET_XOR = 6,
+};
+
+// A buffer of a list (the list forms' inputs and outputs): address and bytes.
+struct RingletBuf {
+  void* ptr;
+  size_t nbytes;
+};
+
+// The list forms' kinds (ringlet_core::collective::ListOp).
+enum RingletListKind : uint32_t {
+  RINGLET_LIST_ALL_GATHER = 0, RINGLET_LIST_GATHER = 1, RINGLET_LIST_SCATTER = 2,
+  RINGLET_LIST_ALL_TO_ALL = 3, RINGLET_LIST_REDUCE_SCATTER = 4,
 };
 
 // Every collective runs in the group's issue order: at once on the calling
@@ -51,6 +63,10 @@ struct RingletCApi {
                         const size_t* send_counts, void* out, size_t out_bytes,
                         const size_t* recv_counts, size_t ncounts, uint32_t dtype,
                         uint64_t timeout_ms, RingletCError** err);
+  // A list form (RingletListKind): the lists' buffers may alias each other.
+  int32_t (*list_collective)(const RingletNativeGroup* g, uint32_t kind, const RingletBuf* ins,
+                             size_t nin, const RingletBuf* outs, size_t nout, uint32_t dtype,
+                             uint32_t op, size_t root, uint64_t timeout_ms, RingletCError** err);
   const char* (*error_message)(const RingletCError* err);
   void (*error_free)(RingletCError* err);
   void (*group_free)(RingletNativeGroup* g);
