@@ -544,6 +544,12 @@ def _ops_job(rank: int, world: int, port: int) -> str:
     _any_source(rank, world, gloo)
     _tags_out_of_order(rank, world, gloo)
     _tensor_kinds_and_results(rank, world, gloo)
+    # DDP's logging data names the group's backend, as gloo's does (torch's
+    # ProcessGroup says "custom" for any registered backend)
+    for group, name in ((None, "ringlet"), (gloo, "gloo")):
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2),
+                                                        process_group=group)
+        assert ddp._get_ddp_logging_data()["backend_name"] == name
     dist.destroy_process_group()
     return "ok"
 

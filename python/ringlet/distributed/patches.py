@@ -1,10 +1,12 @@
 """ringlet's patches to torch functions that serve only torch's own backends,
 installed by :func:`ringlet.distributed.c10d.register` (:func:`install`):
 ``torch.distributed.monitored_barrier`` (torch's accepts gloo groups only),
-``distributed_c10d._set_pg_timeout`` (torch's sets gloo's and NCCL's only) and
+``distributed_c10d._set_pg_timeout`` (torch's sets gloo's and NCCL's only),
 ``rendezvous._create_c10d_store`` (bounded by the group's timeout for
-``init_process_group("ringlet")``). Each passes any other backend's call to
-torch's own function.
+``init_process_group("ringlet")``) and ``DistributedDataParallel``'s logging
+data (whose ``backend_name`` torch takes from its ``ProcessGroup``, which
+names every registered backend ``"custom"``; gloo's says ``"gloo"``). Each
+passes any other backend's call to torch's own function.
 """
 
 from __future__ import annotations
@@ -75,6 +77,21 @@ def _monitored_barrier(
 
 
 _original_create_c10d_store: Optional[Callable[..., Any]] = None
+_original_ddp_logging_data: Optional[Callable[..., Any]] = None
+
+
+def _ddp_logging_data(self: Any) -> dict[str, Any]:
+    """``DistributedDataParallel._get_ddp_logging_data`` whose
+    ``backend_name`` is the group's backend (``dist.get_backend``:
+    ``"ringlet"``) on a ringlet group, as gloo's is ``"gloo"``: torch's logger
+    reads the name off its C++ ``ProcessGroup``, which says ``"custom"`` for
+    any registered backend."""
+    assert _original_ddp_logging_data is not None
+    data = _original_ddp_logging_data(self)
+    group = getattr(self, "process_group", None)
+    if data.get("backend_name") == "custom" and python_group(group) is not None:
+        data["backend_name"] = dist.get_backend(group)
+    return data
 
 
 def _for_ringlet() -> bool:
@@ -120,15 +137,17 @@ def _create_c10d_store(
 
 
 def install() -> None:
-    """Puts ringlet's versions of ``monitored_barrier``, ``_set_pg_timeout``
-    and ``_create_c10d_store`` in torch's place (once; calling it again does
-    nothing). Each passes any other backend's call to torch's own.
+    """Puts ringlet's versions of ``monitored_barrier``, ``_set_pg_timeout``,
+    ``_create_c10d_store`` and DDP's ``_get_ddp_logging_data`` in torch's
+    place (once; calling it again does nothing). Each passes any other
+    backend's call to torch's own.
 
     Example:
       >>> from ringlet.distributed import patches
       >>> patches.install()
     """
     global _original_monitored_barrier, _original_set_pg_timeout, _original_create_c10d_store
+    global _original_ddp_logging_data
     if _original_monitored_barrier is None:
         _original_monitored_barrier = dist.monitored_barrier
         dist.monitored_barrier = _monitored_barrier
@@ -140,3 +159,7 @@ def install() -> None:
         rdzv = importlib.import_module("torch.distributed.rendezvous")
         _original_create_c10d_store = rdzv._create_c10d_store
         rdzv._create_c10d_store = _create_c10d_store
+    if _original_ddp_logging_data is None:
+        ddp = torch.nn.parallel.DistributedDataParallel
+        _original_ddp_logging_data = ddp._get_ddp_logging_data
+        ddp._get_ddp_logging_data = _ddp_logging_data
