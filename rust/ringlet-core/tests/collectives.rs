@@ -247,150 +247,119 @@ fn small_tcp_all_reduce_up_to_16_ranks() {
     }
 }
 
+/// Runs list form `op` on every rank: rank r sends the entries `ins(r)`
+/// and receives entries of the byte lengths `outs(r)`; each rank's outputs,
+/// back to back.
+fn run_list(
+    comms: &mut [ringlet_core::Communicator],
+    op: ringlet_core::collective::ListOp,
+    ins: impl Fn(usize) -> Vec<Vec<u8>> + Sync,
+    outs: impl Fn(usize) -> Vec<usize> + Sync,
+) -> Vec<ringlet_core::Result<Vec<u8>>> {
+    run_ranks(comms, |r, c| {
+        let entries = ins(r);
+        let lens: Vec<usize> = entries.iter().map(Vec::len).collect();
+        let out_lens = outs(r);
+        let mut recv = vec![0u8; out_lens.iter().sum()];
+        c.list_collective(
+            op,
+            &entries.concat(),
+            &lens,
+            &mut recv,
+            &out_lens,
+            DType::U8,
+        )
+        .map(|()| recv)
+    })
+}
+
 /// The list forms (`Communicator::list_collective`): every form, even and
 /// ragged lists, on shared memory and TCP; a size mismatch names the form.
 #[test]
 fn list_forms_stage_lists_through_one_collective() {
     use ringlet_core::collective::ListOp;
+    // rank r's entry for peer j: `len(r, j)` bytes of `val(r, j, i)`
     let val = |r: usize, j: usize, i: usize| (r * 50 + j * 7 + i) as u8;
+    let p = 3;
     for (name, cfg) in modes(64 << 10) {
-        let p = 3;
         let mut comms = local_group(p, &cfg).unwrap();
         for ragged in [false, true] {
-            // rank r's entry for peer j holds len(r, j) bytes
-            let len = |r: usize, j: usize| if ragged { 1 + r + 2 * j } else { 4 };
+            let len = move |r: usize, j: usize| if ragged { 1 + r + 2 * j } else { 4 };
+            let entry =
+                move |r: usize, j: usize| (0..len(r, j)).map(|i| val(r, j, i)).collect::<Vec<u8>>();
+            // every rank's entries for peer j, back to back in rank order
+            let from_all = move |j: usize| (0..p).flat_map(|r| entry(r, j)).collect::<Vec<u8>>();
             let what = format!("{name} ragged={ragged}");
-            // all_gather: rank r's input (len(r, 0)) to everyone
-            let got = run_ranks(&mut comms, |r, c| {
-                let send: Vec<u8> = (0..len(r, 0)).map(|i| val(r, 0, i)).collect();
-                let outs: Vec<usize> = (0..p).map(|j| len(j, 0)).collect();
-                let mut recv = vec![0u8; outs.iter().sum()];
-                c.list_collective(
-                    ListOp::AllGather,
-                    &send,
-                    &[send.len()],
-                    &mut recv,
-                    &outs,
-                    DType::U8,
-                )
-                .unwrap();
-                recv
-            });
-            let want: Vec<u8> = (0..p)
-                .flat_map(|j| (0..len(j, 0)).map(move |i| val(j, 0, i)))
-                .collect();
-            assert!(got.iter().all(|g| *g == want), "{what}: all_gather");
-            // all_to_all: rank r sends len(r, j) bytes to rank j
-            let got = run_ranks(&mut comms, |r, c| {
-                let ins: Vec<usize> = (0..p).map(|j| len(r, j)).collect();
-                let send: Vec<u8> = (0..p)
-                    .flat_map(|j| (0..len(r, j)).map(move |i| val(r, j, i)))
-                    .collect();
-                let outs: Vec<usize> = (0..p).map(|j| len(j, r)).collect();
-                let mut recv = vec![0u8; outs.iter().sum()];
-                c.list_collective(ListOp::AllToAll, &send, &ins, &mut recv, &outs, DType::U8)
-                    .unwrap();
-                recv
-            });
-            for (r, g) in got.iter().enumerate() {
-                let want: Vec<u8> = (0..p)
-                    .flat_map(|j| (0..len(j, r)).map(move |i| val(j, r, i)))
-                    .collect();
-                assert_eq!(*g, want, "{what}: all_to_all rank {r}");
+            let got = run_list(
+                &mut comms,
+                ListOp::AllGather,
+                |r| vec![entry(r, 0)],
+                |_| (0..p).map(|j| len(j, 0)).collect(),
+            );
+            for g in got {
+                assert_eq!(g.unwrap(), from_all(0), "{what}: all_gather");
             }
-            // gather to rank 1, scatter from rank 2
-            let got = run_ranks(&mut comms, |r, c| {
-                let send: Vec<u8> = (0..len(r, 0)).map(|i| val(r, 0, i)).collect();
-                let outs: Vec<usize> = if r == 1 {
-                    (0..p).map(|j| len(j, 0)).collect()
-                } else {
-                    vec![]
-                };
-                let mut recv = vec![0u8; outs.iter().sum()];
-                c.list_collective(
-                    ListOp::Gather { root: 1 },
-                    &send,
-                    &[send.len()],
-                    &mut recv,
-                    &outs,
-                    DType::U8,
-                )
-                .unwrap();
-                recv
-            });
-            assert_eq!(got[1], want, "{what}: gather");
-            let got = run_ranks(&mut comms, |r, c| {
-                let ins: Vec<usize> = if r == 2 {
-                    (0..p).map(|j| len(2, j)).collect()
-                } else {
-                    vec![]
-                };
-                let send: Vec<u8> = if r == 2 {
+            let got = run_list(
+                &mut comms,
+                ListOp::AllToAll,
+                |r| (0..p).map(|j| entry(r, j)).collect(),
+                |r| (0..p).map(|j| len(j, r)).collect(),
+            );
+            for (r, g) in got.into_iter().enumerate() {
+                assert_eq!(g.unwrap(), from_all(r), "{what}: all_to_all rank {r}");
+            }
+            let got = run_list(
+                &mut comms,
+                ListOp::Gather { root: 1 },
+                |r| vec![entry(r, 0)],
+                |r| {
+                    if r == 1 {
+                        (0..p).map(|j| len(j, 0)).collect()
+                    } else {
+                        vec![]
+                    }
+                },
+            );
+            assert_eq!(got[1].as_ref().unwrap(), &from_all(0), "{what}: gather");
+            let got = run_list(
+                &mut comms,
+                ListOp::Scatter { root: 2 },
+                |r| {
+                    if r == 2 {
+                        (0..p).map(|j| entry(2, j)).collect()
+                    } else {
+                        vec![]
+                    }
+                },
+                |r| vec![len(2, r)],
+            );
+            for (r, g) in got.into_iter().enumerate() {
+                assert_eq!(g.unwrap(), entry(2, r), "{what}: scatter");
+            }
+            // max over ranks: block j of every rank holds len(0, j) bytes
+            let got = run_list(
+                &mut comms,
+                ListOp::ReduceScatter(ReduceOp::Max),
+                |r| {
                     (0..p)
-                        .flat_map(|j| (0..len(2, j)).map(move |i| val(2, j, i)))
+                        .map(|j| (0..len(0, j)).map(|i| val(r, j, i)).collect())
                         .collect()
-                } else {
-                    vec![]
-                };
-                let mut recv = vec![0u8; len(2, r)];
-                let n = recv.len();
-                c.list_collective(
-                    ListOp::Scatter { root: 2 },
-                    &send,
-                    &ins,
-                    &mut recv,
-                    &[n],
-                    DType::U8,
-                )
-                .unwrap();
-                recv
-            });
-            for (r, g) in got.iter().enumerate() {
-                assert_eq!(
-                    *g,
-                    (0..len(2, r)).map(|i| val(2, r, i)).collect::<Vec<_>>(),
-                    "{what}: scatter"
-                );
-            }
-            // reduce_scatter (max): block j of every rank has len(0, j) bytes
-            let got = run_ranks(&mut comms, |r, c| {
-                let ins: Vec<usize> = (0..p).map(|j| len(0, j)).collect();
-                let send: Vec<u8> = (0..p)
-                    .flat_map(|j| (0..len(0, j)).map(move |i| val(r, j, i)))
-                    .collect();
-                let mut recv = vec![0u8; len(0, r)];
-                let n = recv.len();
-                c.list_collective(
-                    ListOp::ReduceScatter(ReduceOp::Max),
-                    &send,
-                    &ins,
-                    &mut recv,
-                    &[n],
-                    DType::U8,
-                )
-                .unwrap();
-                recv
-            });
-            for (r, g) in got.iter().enumerate() {
+                },
+                |r| vec![len(0, r)],
+            );
+            for (r, g) in got.into_iter().enumerate() {
                 let want: Vec<u8> = (0..len(0, r)).map(|i| val(p - 1, r, i)).collect();
-                assert_eq!(*g, want, "{what}: reduce_scatter rank {r}");
+                assert_eq!(g.unwrap(), want, "{what}: reduce_scatter rank {r}");
             }
         }
-        // rank 0 gathers 3 bytes where the root expects 2 of each: every rank
-        // fails, naming gather
-        let got = run_ranks(&mut comms, |r, c| {
-            let send = vec![1u8; if r == 0 { 3 } else { 2 }];
-            let outs = if r == 2 { vec![2; p] } else { vec![] };
-            let mut recv = vec![0u8; outs.iter().sum()];
-            c.list_collective(
-                ListOp::Gather { root: 2 },
-                &send,
-                &[send.len()],
-                &mut recv,
-                &outs,
-                DType::U8,
-            )
-        });
+        // rank 0 sends 3 bytes where the root expects 2 from each: every rank
+        // fails, naming gather, and the group stays usable
+        let got = run_list(
+            &mut comms,
+            ListOp::Gather { root: 2 },
+            |r| vec![vec![1u8; if r == 0 { 3 } else { 2 }]],
+            |r| if r == 2 { vec![2; p] } else { vec![] },
+        );
         for (r, g) in got.iter().enumerate() {
             let e = g.as_ref().expect_err("a mismatch");
             assert!(
