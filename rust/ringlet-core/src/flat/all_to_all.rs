@@ -11,9 +11,11 @@
 //! all-to-all uses too) and every rank reports the same error when a sender
 //! and a receiver disagree about a block's size.
 //!
-//! Shared memory: every rank streams its whole send buffer through its slot
-//! in windows of half a slot; after each phase each rank copies the parts of
-//! each peer's window that are addressed to it. With cross-memory attach and
+//! Shared memory: every rank copies its own block straight into its receive
+//! buffer and streams the rest of its send buffer (the blocks for its
+//! peers, back to back: its *outgoing* stream) through its slot in windows
+//! of half a slot; after each phase each rank copies the parts of each
+//! peer's window that are addressed to it. With cross-memory attach and
 //! large blocks, every rank reads its blocks straight out of the peers' send
 //! buffers instead (one phase to publish addresses, one to release them).
 //!
@@ -49,8 +51,16 @@ impl Traffic {
         start..start + self.m[i][j] * self.esz
     }
 
-    fn send_total(&self, i: usize) -> usize {
-        self.m[i].iter().sum::<usize>() * self.esz
+    /// Where rank `i`'s block for rank `j` (`j != i`) lies in `i`'s outgoing
+    /// stream: its send buffer without its own block.
+    fn out_range(&self, i: usize, j: usize) -> Range<usize> {
+        let start: usize = (0..j).filter(|&k| k != i).map(|k| self.m[i][k]).sum::<usize>();
+        start * self.esz..(start + self.m[i][j]) * self.esz
+    }
+
+    /// The length of rank `i`'s outgoing stream.
+    fn out_total(&self, i: usize) -> usize {
+        (self.m[i].iter().sum::<usize>() - self.m[i][i]) * self.esz
     }
 
     fn largest_block(&self) -> usize {
@@ -180,13 +190,19 @@ fn shm_all_to_all(
         return shm.sync(OP);
     }
     let window = shm.half_bytes();
-    let longest = (0..p).map(|i| t.send_total(i)).max().unwrap_or(0);
+    let longest = (0..p).map(|i| t.out_total(i)).max().unwrap_or(0);
     let rounds = longest.div_ceil(window).max(1);
     for k in 0..rounds {
         let win = k * window..(k + 1) * window;
         shm.next_piece(desc.seq, rounds, longest.min(window));
-        if win.start < send.len() {
-            shm.put(0, &send[win.start..win.end.min(send.len())]);
+        for j in peers() {
+            // the part of my block for j that falls in this window
+            let out = t.out_range(me, j);
+            let (s, e) = (out.start.max(win.start), out.end.min(win.end));
+            if s < e {
+                let from = t.send_range(me, j).start + (s - out.start);
+                shm.put(s - win.start, &send[from..from + (e - s)]);
+            }
         }
         if k == 0 {
             shm.arrive(&desc)?;
@@ -194,7 +210,7 @@ fn shm_all_to_all(
             shm.sync(OP)?;
         }
         for j in peers() {
-            let src = t.send_range(j, me);
+            let src = t.out_range(j, me);
             let (s, e) = (src.start.max(win.start), src.end.min(win.end));
             if s < e {
                 let dst = t.recv_range(j, me).start + (s - src.start);
