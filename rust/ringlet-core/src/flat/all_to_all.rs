@@ -54,7 +54,10 @@ impl Traffic {
     /// Where rank `i`'s block for rank `j` (`j != i`) lies in `i`'s outgoing
     /// stream: its send buffer without its own block.
     fn out_range(&self, i: usize, j: usize) -> Range<usize> {
-        let start: usize = (0..j).filter(|&k| k != i).map(|k| self.m[i][k]).sum::<usize>();
+        let start: usize = (0..j)
+            .filter(|&k| k != i)
+            .map(|k| self.m[i][k])
+            .sum::<usize>();
         start * self.esz..(start + self.m[i][j]) * self.esz
     }
 
