@@ -825,24 +825,20 @@ class _Collectives:
             raise ValueError(f"{self._where()}: gather output tensors are only given on the root")
         # As gloo's future: the root's list of gathered tensors.
         result = list(output_tensors[0]) if outs else list(output_tensors)
-        if self._comm is not None and _one_dtype([inp, *outs]) is not None:
-            # One all-to-all (every rank sends its input to the root only),
-            # the job copying the root's flat result into its outputs.
-            counts = [0] * self._size
-            counts[root] = inp.numel()
-            recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
+        # One all-to-all: every rank sends its input to the root only.
+        counts = [0] * self._size
+        counts[root] = inp.numel()
+        recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
+        name = _one_dtype([inp, *outs]) if self._comm is not None else None
+        if name is not None:  # the job copies the root's flat result into its outputs
             flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
             return self._submit_engine(
-                self._comm, "all_to_all_v", [inp, flat], plain_dtype(inp),
-                (counts, recv_counts), result, _is_async(opts),
-                after=list(zip(_pieces(flat, recv_counts), outs)),
+                self._comm, "all_to_all_v", [inp, flat], name, (counts, recv_counts), result,
+                _is_async(opts), after=list(zip(_pieces(flat, recv_counts), outs)),
                 rename=_renamer(*_GATHER_ROOT_RULE))
 
         def run() -> None:
             send = inp.contiguous().view(-1)
-            counts = [0] * self._size
-            counts[root] = send.numel()
-            recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
             flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
             with _sizes_of(*_GATHER_ROOT_RULE):
                 engine.all_to_all_v(self._world(), send, counts, flat, recv_counts)
@@ -870,24 +866,20 @@ class _Collectives:
             ins = [self._tensor(t, "scatter input") for t in input_tensors[0]]
         elif input_tensors and any(input_tensors):
             raise ValueError(f"{self._where()}: scatter input tensors are only given on the root")
-        if self._comm is not None and _one_dtype([out, *ins]) is not None:
-            # One all-to-all (the root sends block r to rank r) into the
-            # output, the root's inputs staged back to back by the job.
+        # One all-to-all: the root sends block r to rank r.
+        counts = [t.numel() for t in ins] if ins else [0] * self._size
+        recv_counts = [0] * self._size
+        recv_counts[root] = out.numel()
+        name = _one_dtype([out, *ins]) if self._comm is not None else None
+        if name is not None:  # into the output, the root's inputs staged by the job
             send, before = _staged(ins) if ins else (out.new_empty(0), [])
-            counts = [t.numel() for t in ins] if ins else [0] * self._size
-            recv_counts = [0] * self._size
-            recv_counts[root] = out.numel()
             return self._submit_engine(
-                self._comm, "all_to_all_v", [send, out], plain_dtype(out),
-                (counts, recv_counts), list(output_tensors), _is_async(opts), before,
-                rename=_renamer(*_SCATTER_RULE))
+                self._comm, "all_to_all_v", [send, out], name, (counts, recv_counts),
+                list(output_tensors), _is_async(opts), before, rename=_renamer(*_SCATTER_RULE))
 
         def run() -> None:
             send = (torch.cat([t.reshape(-1) for t in ins]) if ins
                     else torch.empty(0, dtype=out.dtype))
-            counts = [t.numel() for t in ins] if ins else [0] * self._size
-            recv_counts = [0] * self._size
-            recv_counts[root] = out.numel()
             dense, back = self._dense([out])
             with _sizes_of(*_SCATTER_RULE):
                 engine.all_to_all_v(self._world(), send, counts, dense[0].view(-1), recv_counts)
