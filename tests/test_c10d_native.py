@@ -69,7 +69,12 @@ def _identity_job(rank: int, world: int, port: int, spec: str) -> dict[str, Any]
     dist.all_reduce(t)
     dist.all_reduce(ref, group=gloo)
     assert torch.equal(t, ref)
+    # the in-place operator, on either group, called straight into torch's C++ entry
+    u = torch.arange(3.0) * (rank + 1)
+    torch.ops.ringlet.all_reduce_(u)
+    assert torch.equal(u, torch.arange(3.0) * (world * (world + 1) // 2)), u
     out = {
+        "op_packet": type(torch.ops.ringlet.all_reduce_).__name__,
         "kind": backend_kind(), "group_type": type(pg).__name__,
         "cpu_backend": type(cpu).__name__, "repr": repr(cpu),
         "python_repr": repr(python_group()), "backend": dist.get_backend(),
@@ -90,6 +95,7 @@ def test_the_native_backend_is_the_groups_cpu_backend() -> None:
         o = out[r]
         assert o["kind"] == "native" and o["group_type"] == "ProcessGroup", o
         assert o["cpu_backend"] == "RingletBackend", o
+        assert o["op_packet"] == "_DirectPacket", o
         assert o["repr"].startswith(f"RingletBackend(native, rank={r}, size=2"), o
         assert "backend='native'" in o["python_repr"], o
         assert o["backend"] == "ringlet" and o["devices"] == ["cpu"], o
@@ -115,6 +121,7 @@ def test_python_process_group_fallback_says_so() -> None:
     for r in range(2):
         o = out[r]
         assert o["kind"] == "python" and o["group_type"] == "ProcessGroupRinglet", o
+        assert o["op_packet"] == "_DirectPacket", o
         assert "backend='python'" in o["python_repr"], o
 
 
@@ -669,6 +676,17 @@ def _op_job(rank: int, world: int, port: int) -> str:
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     z = _ints(rank, 16, torch.float32, seed=3)
     assert torch.equal(compiled(z.clone()), step(z.clone()))
+    # called straight into torch's C++ entry (no Python frame), still torch's packet
+    packet = torch.ops.ringlet.all_reduce_
+    assert isinstance(packet, torch._ops.OpOverloadPacket)
+    assert type(packet).__name__ == "_DirectPacket"
+    w = _ints(rank, 7, torch.int64, seed=4)
+    ref = w.clone()
+    packet.default(w, reduce_op="max")
+    dist.all_reduce(ref, op=R.MAX, group=gloo)
+    assert torch.equal(w, ref)
+    with pytest.raises(RuntimeError, match="all_reduce_"):
+        packet(w, "sum", "", "one too many")
     dist.destroy_process_group()
     return "ok"
 

@@ -170,7 +170,8 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
           group: Any = None) -> list[dict]:
     """``all_reduce`` (sum, in place) of each size and dtype through every
     door, alternating blocks of back-to-back calls after a barrier, ``rounds``
-    rounds; the median µs per call of each door. ``dist native`` and
+    rounds, the doors' order rotated by one each round (:func:`_round_order`);
+    the median µs per call of each door. ``dist native`` and
     ``dist python`` are ``dist.all_reduce`` on a group whose CPU backend is
     the native C++ Backend / the Python ProcessGroup; ``torch floor`` is
     ``dist.all_reduce`` on a C++ Backend that does nothing (torch's own
@@ -214,9 +215,9 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
                 f()
             reps = max(5, min(200, int(budget * 2e7 / size)))
             times: dict[str, list[float]] = {k: [] for k in calls}
-            for _ in range(rounds):
-                for k, f in calls.items():
-                    times[k].append(_block(f, reps, None))
+            for r in range(rounds):
+                for k in _round_order(list(calls), r):
+                    times[k].append(_block(calls[k], reps, None))
             row = {"dtype": name, "bytes": size,
                    **{k: statistics.median(v) * 1e6 for k, v in times.items()}}
             # Paired within each round (the doors of a round run back to back,
@@ -230,6 +231,16 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
     return rows
 
 
+def _round_order(doors: list[str], r: int) -> list[str]:
+    """The doors of round ``r`` in turn, rotated by ``r``: each door follows
+    every other door equally often, so no door always runs right after the
+    same one (a door run after the Python group's, whose own communicator
+    and progress thread leave the caches cold and a core busy, would carry
+    that cost in every round). The same order on every rank."""
+    k = r % len(doors) if doors else 0
+    return doors[k:] + doors[:k]
+
+
 def _paired(times: dict[str, list[float]], a: str, b: str, ratio: bool = False) -> float:
     """The median over rounds of door ``a``'s time over door ``b``'s (``ratio``)
     or minus it (in µs)."""
@@ -241,9 +252,9 @@ def _door_calls(x: torch.Tensor, python_pg: Any, floor_pg: Any, native: bool,
                 ds: Optional[Callable[[torch.Tensor], Any]], group: Any = None,
                 gname: str = "") -> dict[str, Callable[[], Any]]:
     """One in-place sum of ``x`` per door (see :func:`doors`)."""
+    op = torch.ops.ringlet.all_reduce_  # looked up once, as DeepSpeed's op (``ds``)
     calls: dict[str, Callable[[], Any]] = {
-        "ringlet op": (lambda: torch.ops.ringlet.all_reduce_(x, "sum", gname)) if gname
-        else (lambda: torch.ops.ringlet.all_reduce_(x)),
+        "ringlet op": (lambda: op(x, "sum", gname)) if gname else (lambda: op(x)),
         "engine call": lambda: ringlet.all_reduce(ringlet.REDUCE_SUM, [x]),
         "dist python": lambda: dist.all_reduce(x, group=python_pg),
     }
