@@ -136,3 +136,27 @@ def test_doors_pairs_each_rounds_doors() -> None:
     assert c10d._paired({"a": [2.0, 4.0, 30.0], "b": [1.0, 2.0, 10.0]}, "a", "b", ratio=True) \
         == 2.0
     assert c10d._paired({"a": [2.0, 4.0, 30.0], "b": [1.0, 2.0, 10.0]}, "a", "b") == 2e6
+
+
+def test_doors_run_in_a_shuffled_order_the_same_on_every_rank() -> None:
+    # each round a permutation seeded by the round (every rank agrees on it), and over
+    # the rounds every door runs right after every other door: no door always follows
+    # the same neighbour (whose cache footprint it would pay for every round)
+    from ringlet.bench import c10d
+
+    doors = ["ringlet op", "engine call", "dist python", "dist native", "group engine",
+             "torch floor", "group engine + floor", "deepspeed op"]
+    assert c10d._round_order(doors, 7) == c10d._round_order(list(doors), 7)
+    follows: dict[tuple[str, str], int] = {}
+    last = None
+    for r in range(201):
+        order = c10d._round_order(doors, r)
+        assert sorted(order) == sorted(doors)
+        for door in order:
+            if last is not None:
+                follows[(last, door)] = follows.get((last, door), 0) + 1
+            last = door
+    pairs = [(a, b) for a in doors for b in doors if a != b]
+    assert all(follows.get(p, 0) >= 10 for p in pairs), min(follows.get(p, 0) for p in pairs)
+    # the native door is not mostly run right after the Python group's
+    assert follows[("dist python", "dist native")] < 201 / 3

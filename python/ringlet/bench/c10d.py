@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -170,7 +171,7 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
           group: Any = None) -> list[dict]:
     """``all_reduce`` (sum, in place) of each size and dtype through every
     door, alternating blocks of back-to-back calls after a barrier, ``rounds``
-    rounds, the doors' order rotated by one each round (:func:`_round_order`);
+    rounds, the doors' order shuffled each round (:func:`_round_order`);
     the median µs per call of each door. ``dist native`` and
     ``dist python`` are ``dist.all_reduce`` on a group whose CPU backend is
     the native C++ Backend / the Python ProcessGroup; ``torch floor`` is
@@ -232,13 +233,15 @@ def doors(sizes: list[int], dtypes: list[str], rounds: int, budget: float,
 
 
 def _round_order(doors: list[str], r: int) -> list[str]:
-    """The doors of round ``r`` in turn, rotated by ``r``: each door follows
-    every other door equally often, so no door always runs right after the
-    same one (a door run after the Python group's, whose own communicator
-    and progress thread leave the caches cold and a core busy, would carry
-    that cost in every round). The same order on every rank."""
-    k = r % len(doors) if doors else 0
-    return doors[k:] + doors[:k]
+    """The doors of round ``r`` in a shuffled order, the same on every rank
+    (seeded by ``r``): over the rounds each door runs after every other door
+    about equally often. A fixed (or merely rotated) order would put each
+    door after the same neighbour nearly every round, and a door run after
+    the Python group's, whose own communicator and progress thread leave the
+    caches cold, would carry that cost every time."""
+    order = list(doors)
+    random.Random(r).shuffle(order)
+    return order
 
 
 def _paired(times: dict[str, list[float]], a: str, b: str, ratio: bool = False) -> float:
