@@ -670,16 +670,22 @@ def _direct_call() -> None:
     changes (as ``ringlet.ops``' functional operators do), so ``.default``,
     ``torch.compile`` and references taken earlier work as before. Left as
     torch made it where the packet is not what this expects (another torch)."""
+    global _DirectPacket
     packet = getattr(torch.ops.ringlet, "all_reduce_", None)
     base = torch._ops.OpOverloadPacket
     entry = getattr(packet, "_op", None)
     if (type(packet) is not base or not callable(entry)
             or getattr(packet, "_has_torchbind_op_overload", True)):
         return
-    packet.__class__ = type("_DirectPacket", (base,), {
+    # a class of this module's (found by name, as torch's own packet class is)
+    _DirectPacket = type("_DirectPacket", (base,), {
         "__call__": staticmethod(entry),
         "__doc__": "``torch.ops.ringlet.all_reduce_``, called straight into torch's C++ entry.",
     })
+    packet.__class__ = _DirectPacket
+
+
+_DirectPacket: Optional[type] = None
 
 
 # -- process groups ------------------------------------------------------------
