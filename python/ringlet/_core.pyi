@@ -166,7 +166,10 @@ class Progress:
         ``all_reduce`` / ``broadcast`` in place on ``[(ptr, nbytes)]``,
         ``all_gather`` / ``reduce_scatter`` from the first buffer into the
         second, ``all_to_all_v`` likewise (``arg``: the send and receive
-        counts), ``barrier`` on none; ``arg`` the reduce op name or the root.
+        counts), ``list`` on a list form's inputs then outputs (``arg``:
+        ``(kind, inputs, root, reduce op name)``; staged through buffers the
+        running thread keeps), ``barrier`` on none; ``arg`` otherwise the
+        reduce op name or the root.
         The job runs the byte copies ``before`` (``(from_ptr, to_ptr,
         nbytes)``) first and, once the call succeeded, divides its result by
         ``divide`` (non-zero: ReduceOp.AVG) and runs the copies ``after``.

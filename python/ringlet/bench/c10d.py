@@ -63,47 +63,57 @@ def _block(fn: Callable[[], Any], reps: int, group: Any) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def _calls(op: str, size: int, n: int, group: Any) -> Callable[[], Any]:
+def _calls(op: str, size: int, n: int, group: Any, async_op: bool = False) -> Callable[[], Any]:
+    """One call of ``op`` moving ``size`` bytes on ``group``; with ``async_op``
+    issued asynchronously and waited for at once."""
+    call = _call(op, size, n, group, async_op)
+    return (lambda: call().wait()) if async_op else call
+
+
+def _call(op: str, size: int, n: int, group: Any, a: bool) -> Callable[[], Any]:
     k = max(n, size // 4 // n * n)  # float32 elements, a multiple of n
     if op == "all_reduce":
         x = torch.ones(k)
-        return lambda: dist.all_reduce(x, group=group)
+        return lambda: dist.all_reduce(x, group=group, async_op=a)
     if op == "all_gather_into_tensor":
         x, out = torch.ones(k // n), torch.empty(k)
-        return lambda: _AG(out, x, group=group)
+        return lambda: _AG(out, x, group=group, async_op=a)
     if op == "reduce_scatter_tensor":
         x, out = torch.ones(k), torch.empty(k // n)
-        return lambda: _RS(out, x, group=group)
+        return lambda: _RS(out, x, group=group, async_op=a)
     if op == "all_to_all_single":
         x, out = torch.ones(k), torch.empty(k)
-        return lambda: dist.all_to_all_single(out, x, group=group)
+        return lambda: dist.all_to_all_single(out, x, group=group, async_op=a)
     if op == "broadcast":
         x = torch.ones(k)
-        return lambda: dist.broadcast(x, group_src=0, group=group)
+        return lambda: dist.broadcast(x, group_src=0, group=group, async_op=a)
     x, parts = torch.ones(k // n), [torch.empty(k // n) for _ in range(n)]
     mine = dist.get_rank(group) if group is not None else dist.get_rank()
+    root_parts = parts if mine == 0 else None
     if op == "all_gather":
-        return lambda: dist.all_gather(parts, x, group=group)
+        return lambda: dist.all_gather(parts, x, group=group, async_op=a)
     if op == "reduce_scatter":
         ins = [torch.ones(k // n) for _ in range(n)]
-        return lambda: dist.reduce_scatter(x, ins, group=group)
+        return lambda: dist.reduce_scatter(x, ins, group=group, async_op=a)
     if op == "all_to_all":
         ins = [torch.ones(k // n) for _ in range(n)]
-        return lambda: dist.all_to_all(parts, ins, group=group)
+        return lambda: dist.all_to_all(parts, ins, group=group, async_op=a)
     if op == "gather":
-        return lambda: dist.gather(x, parts if mine == 0 else None, group_dst=0, group=group)
+        return lambda: dist.gather(x, root_parts, group_dst=0, group=group, async_op=a)
     if op == "scatter":
-        return lambda: dist.scatter(x, parts if mine == 0 else None, group_src=0, group=group)
+        return lambda: dist.scatter(x, root_parts, group_src=0, group=group, async_op=a)
     raise SystemExit(f"unknown op {op!r}; one of {', '.join(OPS + LIST_OPS)}")
 
 
-def collectives(ops: list[str], sizes: list[int], budget: float, gloo: Any) -> list[dict]:
-    """Times each op and size on the ringlet (default) group and on ``gloo``."""
+def collectives(ops: list[str], sizes: list[int], budget: float, gloo: Any,
+                async_op: bool = False) -> list[dict]:
+    """Times each op and size on the ringlet (default) group and on ``gloo``
+    (with ``async_op``: each call issued asynchronously, then waited for)."""
     n = dist.get_world_size()
     rows = []
     for op in ops:
         for size in sizes:
-            ours, theirs = _calls(op, size, n, None), _calls(op, size, n, gloo)
+            ours, theirs = _calls(op, size, n, None, async_op), _calls(op, size, n, gloo, async_op)
             ours()
             theirs()
             iters = max(5, min(2000, int(budget * 4e8 / size)))
@@ -432,6 +442,8 @@ def main() -> None:
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default=",".join(str(s) for s in SIZES))
     p.add_argument("--budget", type=float, default=1.0, help="rough seconds per size")
+    p.add_argument("--async-op", action="store_true",
+                   help="ops: issue each call with async_op=True and wait for it at once")
     p.add_argument("--steps", type=int, default=7)
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--depth", type=int, default=6)
@@ -456,7 +468,7 @@ def _run(args: argparse.Namespace) -> None:
     what = args.what.split(",")
     if "ops" in what:
         rows = collectives(args.ops.split(","), [int(s) for s in args.sizes.split(",")],
-                           args.budget, gloo)
+                           args.budget, gloo, args.async_op)
         if me == 0:
             print(f"\ntorch.distributed API, world size {n}: ringlet group vs gloo group\n")
             print("| op | size | ringlet µs | gloo µs | ringlet algbw GB/s | ringlet busbw GB/s "

@@ -429,7 +429,11 @@ def submit(queue: Any, comm: Any, call: str, tensors: Sequence[torch.Tensor], dt
         (``arg``: the root) in place on ``tensors[0]``; ``"all_gather"``,
         ``"reduce_scatter"`` (``arg``: the reduce op) or ``"all_to_all_v"``
         (``arg``: the send and receive counts in elements) from ``tensors[0]``
-        into ``tensors[1]`` (disjoint); ``"barrier"`` (no tensors).
+        into ``tensors[1]`` (disjoint); ``"list"`` (``arg``: ``(kind, inputs,
+        root, reduce op)``, ``kind`` one of ``all_gather``, ``gather``,
+        ``scatter``, ``all_to_all``, ``reduce_scatter``; ``tensors``: the
+        list's inputs, then its outputs, which may alias; staged through
+        buffers the running thread keeps); ``"barrier"`` (no tensors).
       tensors (list[torch.Tensor]): Contiguous CPU tensors, untouched until
         the job ran.
       dtype (str): The engine's name of their dtype.

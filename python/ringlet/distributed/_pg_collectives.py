@@ -191,6 +191,20 @@ class _Collectives:
                 t.mul_(factor)
         return name, post
 
+    def _submit_list(
+        self, kind: str, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], name: str,
+        result: list[Any], wake: bool, root: int = 0, red: str = "sum",
+        after: Sequence[tuple[torch.Tensor, torch.Tensor]] = (),
+    ) -> Work:
+        """List form ``kind`` (``all_gather``, ``gather``, ``scatter``,
+        ``all_to_all``, ``reduce_scatter``) as one native job: the engine's
+        list call, which stages ``ins`` and ``outs`` (plain tensors of dtype
+        ``name``; they may alias) through buffers the running thread keeps,
+        and names a size mismatch by the form and its rule (as the native
+        Backend's synchronous list forms do); then the copies ``after``."""
+        return self._submit_engine(self._comm, "list", [*ins, *outs], name,
+                                   (kind, len(ins), root, red), result, wake, after=list(after))
+
     def _native_op(self, op: Any, ts: Iterable[torch.Tensor]) -> Optional[tuple[str, int]]:
         """The engine's reduce op and divisor (ReduceOp.AVG: the group size;
         else 0) when a native job runs ``op`` on ``ts`` (the tensors as the
@@ -561,6 +575,9 @@ class _Collectives:
             return None
         size, sizes = self._size, [t.numel() for t in ins]
         dtype, wake, rename = ins[0].dtype, _is_async(opts), _renamer(*_GATHER_RULE)
+        if len(ins) == 1:  # even or ragged: the engine's list form
+            return self._submit_list("all_gather", [ins[0]], outs[0], name, list(result), wake,
+                                     after=mirrors)
         if all(o.numel() == n for lst, n in zip(outs, sizes) for o in lst):
             total = sum(sizes)
             src, before = (ins[0], []) if len(ins) == 1 else _staged(ins)
@@ -570,15 +587,7 @@ class _Collectives:
             return self._submit_engine(self._comm, "all_gather", [src, flat], name, None,
                                        list(result), wake, before, after + list(mirrors),
                                        rename=rename)
-        if len(ins) != 1:
-            return None
-        n, counts = sizes[0], [o.numel() for o in outs[0]]
-        send = torch.empty(size * n, dtype=dtype)
-        flat = torch.empty(sum(counts), dtype=dtype)
-        return self._submit_engine(
-            self._comm, "all_to_all_v", [send, flat], name, ([n] * size, counts), list(result),
-            wake, [(ins[0], piece) for piece in _pieces(send, [n] * size)],
-            list(zip(_pieces(flat, counts), outs[0])) + list(mirrors), rename=rename)
+        return None
 
     @_torch_errors
     def allgather_coalesced(
@@ -716,10 +725,13 @@ class _Collectives:
                 else None)
         nop = (self._native_op(op, [output_tensors[0], *input_tensors[0]]) if name is not None
                else None)
+        if nop is not None and not nop[1]:
+            return self._submit_list("reduce_scatter", ins[0], outs, name,
+                                     list(output_tensors), _is_async(opts), red=nop[0])
         if nop is not None:
-            # One engine call on the inputs staged back to back: a
-            # reduce-scatter into the output, or (blocks differing in size)
-            # an all-reduce whose block of this rank the job copies out.
+            # AVG: one engine call on the inputs staged back to back, the job
+            # dividing: a reduce-scatter into the output, or (blocks differing
+            # in size) an all-reduce whose block of this rank it copies out.
             (red, divide), o = nop, outs[0]
             flat, before = _staged(ins[0])
             blocks = [t.numel() for t in ins[0]]
@@ -830,12 +842,8 @@ class _Collectives:
         counts[root] = inp.numel()
         recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
         name = _one_dtype([inp, *outs]) if self._comm is not None else None
-        if name is not None:  # the job copies the root's flat result into its outputs
-            flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
-            return self._submit_engine(
-                self._comm, "all_to_all_v", [inp, flat], name, (counts, recv_counts), result,
-                _is_async(opts), after=list(zip(_pieces(flat, recv_counts), outs)),
-                rename=_renamer(*_GATHER_ROOT_RULE))
+        if name is not None:
+            return self._submit_list("gather", [inp], outs, name, result, _is_async(opts), root)
 
         def run() -> None:
             send = inp.contiguous().view(-1)
@@ -871,11 +879,9 @@ class _Collectives:
         recv_counts = [0] * self._size
         recv_counts[root] = out.numel()
         name = _one_dtype([out, *ins]) if self._comm is not None else None
-        if name is not None:  # into the output, the root's inputs staged by the job
-            send, before = _staged(ins) if ins else (out.new_empty(0), [])
-            return self._submit_engine(
-                self._comm, "all_to_all_v", [send, out], name, (counts, recv_counts),
-                list(output_tensors), _is_async(opts), before, rename=_renamer(*_SCATTER_RULE))
+        if name is not None:
+            return self._submit_list("scatter", ins, [out], name, list(output_tensors),
+                                     _is_async(opts), root)
 
         def run() -> None:
             send = (torch.cat([t.reshape(-1) for t in ins]) if ins
@@ -953,14 +959,8 @@ class _Collectives:
             )
         name = _one_dtype(ins + outs) if self._comm is not None else None
         if name is not None:
-            # One engine all-to-all on the inputs staged back to back, the
-            # job copying the flat result into the outputs.
-            send, before = _staged(ins)
-            flat, after = _staged(outs)
-            return self._submit_engine(
-                self._comm, "all_to_all_v", [send, flat], name,
-                ([t.numel() for t in ins], [o.numel() for o in outs]), list(output_tensors),
-                _is_async(opts), before, [(piece, o) for o, piece in after])
+            return self._submit_list("all_to_all", ins, outs, name, list(output_tensors),
+                                     _is_async(opts))
 
         def run() -> None:
             send = torch.cat([t.reshape(-1) for t in ins])

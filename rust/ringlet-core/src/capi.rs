@@ -407,52 +407,16 @@ c_api! {
         move |c: &mut Communicator| {
             let in_lens: Vec<usize> = ins.iter().map(|b| b.len()).collect();
             let out_lens: Vec<usize> = outs.iter().map(|b| b.len()).collect();
-            let total = out_lens.iter().sum();
-            with_staging(|send, recv| {
-                // SAFETY: the caller keeps every range alive and untouched
-                // during the call, and `run` returns only after this job ran
-                // or was withdrawn.
-                unsafe { buf::stage(&ins, send) };
-                if recv.len() < total {
-                    recv.resize(total, 0);
-                }
-                let recv = &mut recv[..total];
-                c.list_collective(op, send, &in_lens, recv, &out_lens, d)?;
-                // SAFETY: as for the staging above; `recv` is ours.
-                unsafe { buf::unstage(recv, &outs) };
-                Ok(())
-            })
+            // SAFETY: the caller keeps every range alive and untouched during
+            // the call, and `run` returns only after this job ran or was
+            // withdrawn.
+            unsafe {
+                buf::through_staging(&ins, &outs, |send, recv| {
+                    c.list_collective(op, send, &in_lens, recv, &out_lens, d)
+                })
+            }
         }
     }
-}
-
-thread_local! {
-    /// The list forms' flat buffers (send, receive), kept between calls on
-    /// this thread: memory fresh from the allocator costs a page fault per
-    /// page on first touch, which made a 1 MiB all-to-all of lists several
-    /// times slower than the same exchange through kept tensors.
-    static STAGING: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-}
-
-/// Buffers above this size are freed after the call instead of kept.
-const KEEP_STAGING: usize = 64 << 20;
-
-/// Runs `f` on this thread's staging buffers (fresh ones if they are in use).
-fn with_staging(f: impl FnOnce(&mut Vec<u8>, &mut Vec<u8>) -> Result<()>) -> Result<()> {
-    STAGING.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut bufs) => {
-            let (send, recv) = &mut *bufs;
-            let out = f(send, recv);
-            for b in [send, recv] {
-                if b.capacity() > KEEP_STAGING {
-                    *b = Vec::new();
-                }
-            }
-            out
-        }
-        Err(_) => f(&mut Vec::new(), &mut Vec::new()),
-    })
 }
 
 /// A buffer of a list handed over the C ABI: its address and byte length.

@@ -20,6 +20,9 @@ enum Call {
     AllReduce(RawBuf, core::ReduceOp),
     Broadcast(RawBuf, usize),
     Pair(RawBuf, RawBuf, Pair),
+    /// A list form (`collective::ListOp`): its inputs and outputs, staged
+    /// through the running thread's kept buffers (`buf::through_staging`).
+    List(core::collective::ListOp, Vec<RawBuf>, Vec<RawBuf>),
     Barrier,
 }
 
@@ -208,7 +211,10 @@ impl Progress {
     /// `[(ptr, nbytes)]`, or `"all_gather"` / `"reduce_scatter"` (`arg`: the
     /// reduce op name) or `"all_to_all_v"` (`arg`: `(send_counts,
     /// recv_counts)` in elements) from `buffers[0]` into `buffers[1]` (checked
-    /// not to overlap), or `"barrier"` (no buffers). Around the call the job
+    /// not to overlap), or `"list"` (`arg`: `(kind, inputs, root, reduce op
+    /// name)`, `kind` one of `all_gather`, `gather`, `scatter`, `all_to_all`,
+    /// `reduce_scatter`; `buffers`: the list's inputs, then its outputs,
+    /// which may alias), or `"barrier"` (no buffers). Around the call the job
     /// runs the byte copies `before` (staging a list into a flat buffer) and,
     /// once it succeeded, divides the result (the all-reduced buffer or the
     /// reduce-scatter's output) by `divide` when non-zero (ReduceOp.AVG), then
@@ -287,6 +293,39 @@ impl Progress {
                 };
                 Call::Pair(i, out, pair)
             }
+            ("list", all) => {
+                let shape = || {
+                    PyValueError::new_err(format!(
+                        "submit_engine: list takes arg=(kind, inputs, root, reduce op) with at \
+                         most len(buffers) = {} inputs",
+                        all.len()
+                    ))
+                };
+                let (kind, inputs, root, red_name): (String, usize, usize, String) =
+                    arg.as_ref().ok_or_else(shape)?.extract()?;
+                if inputs > all.len() {
+                    return Err(shape());
+                }
+                let op = match kind.as_str() {
+                    "all_gather" => core::collective::ListOp::AllGather,
+                    "gather" => core::collective::ListOp::Gather { root },
+                    "scatter" => core::collective::ListOp::Scatter { root },
+                    "all_to_all" => core::collective::ListOp::AllToAll,
+                    "reduce_scatter" => {
+                        core::collective::ListOp::ReduceScatter(crate::op(&red_name)?)
+                    }
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "submit_engine: unknown list form {other:?} (all_gather, gather, \
+                             scatter, all_to_all, reduce_scatter)"
+                        )))
+                    }
+                };
+                let raw = |b: &[(usize, usize)]| -> PyResult<Vec<RawBuf>> {
+                    b.iter().map(|&(ptr, n)| crate::raw_buf(ptr, n)).collect()
+                };
+                Call::List(op, raw(&all[..inputs])?, raw(&all[inputs..])?)
+            }
             ("barrier", &[]) => Call::Barrier,
             (
                 "all_reduce" | "broadcast" | "all_gather" | "reduce_scatter" | "all_to_all_v"
@@ -296,7 +335,7 @@ impl Progress {
             _ => {
                 return Err(PyValueError::new_err(format!(
                     "submit_engine: unknown call {call:?} (all_reduce, broadcast, all_gather, \
-                     reduce_scatter, all_to_all_v, barrier)"
+                     reduce_scatter, all_to_all_v, list, barrier)"
                 )))
             }
         };
@@ -324,6 +363,14 @@ impl Progress {
                             Pair::AllToAll(send, recv) => c.all_to_all_v(i, send, out, recv, d)?,
                         }
                         Some(out)
+                    }
+                    Call::List(op, ins, outs) => {
+                        let lens = |b: &[RawBuf]| b.iter().map(|x| x.len()).collect::<Vec<_>>();
+                        let (in_lens, out_lens) = (lens(ins), lens(outs));
+                        core::buf::through_staging(ins, outs, |send, recv| {
+                            c.list_collective(*op, send, &in_lens, recv, &out_lens, d)
+                        })?;
+                        None
                     }
                     Call::Barrier => c.barrier().map(|()| None)?,
                 };
