@@ -259,6 +259,12 @@ impl TcpMesh {
                 Cause::Exited,
                 "it no longer accepts connections (connection refused)".to_string(),
             ),
+            // the peer closed its listener while this connection sat in its
+            // queue: it went away as we dialled, as a refusal says a moment later
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted => (
+                Cause::Exited,
+                format!("it closed its listener as this rank connected ({e})"),
+            ),
             _ => (Cause::Unreachable, format!("connecting to it failed: {e}")),
         };
         Error::lost(self.rank, peer, op, cause, why)
