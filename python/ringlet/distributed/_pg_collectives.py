@@ -566,28 +566,28 @@ class _Collectives:
         mirrors: Sequence[tuple[torch.Tensor, torch.Tensor]],
     ) -> Optional[Work]:
         """``_allgather`` as one native job when every tensor is plain and of
-        one dtype: an all-gather of the inputs back to back (staged when
-        several), or, for one input whose outputs differ in size (ragged), an
-        all-to-all sending it to every rank; the job copies the flat result
-        into the outputs. None otherwise."""
+        one dtype: for one input, the engine's list form (even or ragged
+        outputs); for several (the multi-device form) with even outputs, an
+        all-gather of the inputs staged back to back, the job copying the flat
+        result into the outputs. None otherwise."""
         name = _one_dtype([*ins, *(o for lst in outs for o in lst), *(o for _, o in mirrors)])
         if name is None:
             return None
-        size, sizes = self._size, [t.numel() for t in ins]
-        dtype, wake, rename = ins[0].dtype, _is_async(opts), _renamer(*_GATHER_RULE)
-        if len(ins) == 1:  # even or ragged: the engine's list form
-            return self._submit_list("all_gather", [ins[0]], outs[0], name, list(result), wake,
+        wake = _is_async(opts)
+        if len(ins) == 1:
+            return self._submit_list("all_gather", ins, outs[0], name, list(result), wake,
                                      after=mirrors)
-        if all(o.numel() == n for lst, n in zip(outs, sizes) for o in lst):
-            total = sum(sizes)
-            src, before = (ins[0], []) if len(ins) == 1 else _staged(ins)
-            flat = torch.empty(size * total, dtype=dtype)
-            after = [(piece, lst[r]) for r in range(size)
-                     for lst, piece in zip(outs, _pieces(flat[r * total:(r + 1) * total], sizes))]
-            return self._submit_engine(self._comm, "all_gather", [src, flat], name, None,
-                                       list(result), wake, before, after + list(mirrors),
-                                       rename=rename)
-        return None
+        size, sizes = self._size, [t.numel() for t in ins]
+        if any(o.numel() != n for lst, n in zip(outs, sizes) for o in lst):
+            return None
+        total = sum(sizes)
+        src, before = _staged(ins)
+        flat = torch.empty(size * total, dtype=ins[0].dtype)
+        after = [(piece, lst[r]) for r in range(size)
+                 for lst, piece in zip(outs, _pieces(flat[r * total:(r + 1) * total], sizes))]
+        return self._submit_engine(self._comm, "all_gather", [src, flat], name, None,
+                                   list(result), wake, before, after + list(mirrors),
+                                   rename=_renamer(*_GATHER_RULE))
 
     @_torch_errors
     def allgather_coalesced(
@@ -837,16 +837,16 @@ class _Collectives:
             raise ValueError(f"{self._where()}: gather output tensors are only given on the root")
         # As gloo's future: the root's list of gathered tensors.
         result = list(output_tensors[0]) if outs else list(output_tensors)
-        # One all-to-all: every rank sends its input to the root only.
-        counts = [0] * self._size
-        counts[root] = inp.numel()
-        recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
         name = _one_dtype([inp, *outs]) if self._comm is not None else None
         if name is not None:
             return self._submit_list("gather", [inp], outs, name, result, _is_async(opts), root)
 
         def run() -> None:
+            # One all-to-all: every rank sends its input to the root only.
             send = inp.contiguous().view(-1)
+            counts = [0] * self._size
+            counts[root] = send.numel()
+            recv_counts = [o.numel() for o in outs] if outs else [0] * self._size
             flat = torch.empty(sum(recv_counts), dtype=inp.dtype)
             with _sizes_of(*_GATHER_ROOT_RULE):
                 engine.all_to_all_v(self._world(), send, counts, flat, recv_counts)
@@ -874,18 +874,18 @@ class _Collectives:
             ins = [self._tensor(t, "scatter input") for t in input_tensors[0]]
         elif input_tensors and any(input_tensors):
             raise ValueError(f"{self._where()}: scatter input tensors are only given on the root")
-        # One all-to-all: the root sends block r to rank r.
-        counts = [t.numel() for t in ins] if ins else [0] * self._size
-        recv_counts = [0] * self._size
-        recv_counts[root] = out.numel()
         name = _one_dtype([out, *ins]) if self._comm is not None else None
         if name is not None:
             return self._submit_list("scatter", ins, [out], name, list(output_tensors),
                                      _is_async(opts), root)
 
         def run() -> None:
+            # One all-to-all: the root sends block r to rank r.
             send = (torch.cat([t.reshape(-1) for t in ins]) if ins
                     else torch.empty(0, dtype=out.dtype))
+            counts = [t.numel() for t in ins] if ins else [0] * self._size
+            recv_counts = [0] * self._size
+            recv_counts[root] = out.numel()
             dense, back = self._dense([out])
             with _sizes_of(*_SCATTER_RULE):
                 engine.all_to_all_v(self._world(), send, counts, dense[0].view(-1), recv_counts)

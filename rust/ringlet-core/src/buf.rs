@@ -149,10 +149,11 @@ thread_local! {
 const KEEP_STAGING: usize = 64 << 20;
 
 /// A collective on lists through this thread's kept staging buffers: the
-/// ranges `ins` staged back to back into the send buffer, `f` run on it and
-/// on a receive buffer of the ranges `outs`' total length, and (when `f`
-/// succeeded) the receive buffer copied out into `outs` in order. A nested
-/// call (from inside `f`) stages through fresh buffers.
+/// ranges `ins` staged back to back into the send buffer, `f` run on it, the
+/// inputs' byte lengths, a receive buffer of the ranges `outs`' total length
+/// and the outputs' byte lengths, and (when `f` succeeded) the receive buffer
+/// copied out into `outs` in order. A nested call (from inside `f`) stages
+/// through fresh buffers.
 ///
 /// # Safety
 /// Every range of `ins` must be readable, and every range of `outs`
@@ -161,9 +162,11 @@ const KEEP_STAGING: usize = 64 << 20;
 pub unsafe fn through_staging(
     ins: &[RawBuf],
     outs: &[RawBuf],
-    f: impl FnOnce(&[u8], &mut [u8]) -> Result<()>,
+    f: impl FnOnce(&[u8], &[usize], &mut [u8], &[usize]) -> Result<()>,
 ) -> Result<()> {
-    let total = outs.iter().map(|b| b.len).sum();
+    let lens = |bufs: &[RawBuf]| bufs.iter().map(|b| b.len).collect::<Vec<_>>();
+    let (in_lens, out_lens) = (lens(ins), lens(outs));
+    let total = out_lens.iter().sum();
     let run = |send: &mut Vec<u8>, recv: &mut Vec<u8>| -> Result<()> {
         // SAFETY: the ranges are readable and unwritten per the contract.
         unsafe { stage(ins, send) };
@@ -171,7 +174,7 @@ pub unsafe fn through_staging(
             recv.resize(total, 0);
         }
         let recv = &mut recv[..total];
-        f(send, recv)?;
+        f(send, &in_lens, recv, &out_lens)?;
         // SAFETY: writable and ours alone per the contract; `recv` is ours.
         unsafe { unstage(recv, outs) };
         Ok(())
@@ -239,12 +242,15 @@ mod tests {
         // SAFETY (every call below): the ranges lie in `a`, `b` and `out`,
         // alive and touched by nothing else meanwhile; an output may alias an
         // input (`a` is both).
-        let reversed = |send: &[u8], recv: &mut [u8]| -> Result<()> {
-            assert_eq!(send, [1, 2, 3, 4, 5]);
+        let reversed = |send: &[u8], ins: &[usize], recv: &mut [u8], outs: &[usize]| {
+            assert_eq!(
+                (send, ins, outs),
+                (&[1u8, 2, 3, 4, 5][..], &[3usize, 2][..], &[2usize, 3][..])
+            );
             for (r, s) in recv.iter_mut().zip(send.iter().rev()) {
                 *r = *s;
             }
-            Ok(())
+            Ok::<(), Error>(())
         };
         // SAFETY: as said above.
         unsafe { through_staging(&[ra, rb], &[ro, ra], reversed) }.unwrap();
@@ -254,10 +260,10 @@ mod tests {
         // a failed call copies nothing out; a nested call stages through fresh buffers
         // SAFETY: as said above.
         let failed = unsafe {
-            through_staging(&[rb], &[ro], |_, recv| {
+            through_staging(&[rb], &[ro], |_, _, recv, _| {
                 recv.fill(9);
                 // SAFETY: as said above (`a` is no input of the outer call).
-                let inner = through_staging(&[rb], &[ra], |send, recv| {
+                let inner = through_staging(&[rb], &[ra], |send, _, recv, _| {
                     recv[..2].copy_from_slice(send);
                     Ok(())
                 });

@@ -405,14 +405,12 @@ c_api! {
         // SAFETY: `nin` / `nout` readable entries per the contract.
         let (ins, outs) = unsafe { (ring_bufs(ins, nin)?, ring_bufs(outs, nout)?) };
         move |c: &mut Communicator| {
-            let in_lens: Vec<usize> = ins.iter().map(|b| b.len()).collect();
-            let out_lens: Vec<usize> = outs.iter().map(|b| b.len()).collect();
             // SAFETY: the caller keeps every range alive and untouched during
             // the call, and `run` returns only after this job ran or was
             // withdrawn.
             unsafe {
-                buf::through_staging(&ins, &outs, |send, recv| {
-                    c.list_collective(op, send, &in_lens, recv, &out_lens, d)
+                buf::through_staging(&ins, &outs, |send, in_lens, recv, out_lens| {
+                    c.list_collective(op, send, in_lens, recv, out_lens, d)
                 })
             }
         }

@@ -306,21 +306,17 @@ impl Progress {
                 if inputs > all.len() {
                     return Err(shape());
                 }
-                let op = match kind.as_str() {
-                    "all_gather" => core::collective::ListOp::AllGather,
-                    "gather" => core::collective::ListOp::Gather { root },
-                    "scatter" => core::collective::ListOp::Scatter { root },
-                    "all_to_all" => core::collective::ListOp::AllToAll,
-                    "reduce_scatter" => {
-                        core::collective::ListOp::ReduceScatter(crate::op(&red_name)?)
-                    }
-                    other => {
-                        return Err(PyValueError::new_err(format!(
-                            "submit_engine: unknown list form {other:?} (all_gather, gather, \
-                             scatter, all_to_all, reduce_scatter)"
-                        )))
-                    }
+                let red = if kind == "reduce_scatter" {
+                    crate::op(&red_name)?
+                } else {
+                    core::ReduceOp::Sum
                 };
+                let op = core::collective::ListOp::named(&kind, root, red).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "submit_engine: unknown list form {kind:?} (all_gather, gather, \
+                         scatter, all_to_all, reduce_scatter)"
+                    ))
+                })?;
                 let raw = |b: &[(usize, usize)]| -> PyResult<Vec<RawBuf>> {
                     b.iter().map(|&(ptr, n)| crate::raw_buf(ptr, n)).collect()
                 };
@@ -365,10 +361,8 @@ impl Progress {
                         Some(out)
                     }
                     Call::List(op, ins, outs) => {
-                        let lens = |b: &[RawBuf]| b.iter().map(|x| x.len()).collect::<Vec<_>>();
-                        let (in_lens, out_lens) = (lens(ins), lens(outs));
-                        core::buf::through_staging(ins, outs, |send, recv| {
-                            c.list_collective(*op, send, &in_lens, recv, &out_lens, d)
+                        core::buf::through_staging(ins, outs, |send, in_lens, recv, out_lens| {
+                            c.list_collective(*op, send, in_lens, recv, out_lens, d)
                         })?;
                         None
                     }

@@ -30,6 +30,21 @@ pub enum ListOp {
 }
 
 impl ListOp {
+    /// The list form torch names `kind` (`all_gather`, `gather`, `scatter`,
+    /// `all_to_all`, `reduce_scatter`), with the root of `gather` and
+    /// `scatter` and the reduce op of `reduce_scatter`; None for another name.
+    pub fn named(kind: &str, root: usize, red: ReduceOp) -> Option<ListOp> {
+        [
+            ListOp::AllGather,
+            ListOp::Gather { root },
+            ListOp::Scatter { root },
+            ListOp::AllToAll,
+            ListOp::ReduceScatter(red),
+        ]
+        .into_iter()
+        .find(|op| op.rule().0 == kind)
+    }
+
     /// The user's collective, and what its sizes must satisfy across ranks.
     fn rule(self) -> (&'static str, &'static str) {
         match self {
@@ -165,5 +180,30 @@ impl Communicator {
             }
             other => other,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_forms_are_found_by_torchs_names() {
+        let max = ReduceOp::Max;
+        assert_eq!(ListOp::named("all_gather", 1, max), Some(ListOp::AllGather));
+        assert_eq!(
+            ListOp::named("gather", 1, max),
+            Some(ListOp::Gather { root: 1 })
+        );
+        assert_eq!(
+            ListOp::named("scatter", 2, max),
+            Some(ListOp::Scatter { root: 2 })
+        );
+        assert_eq!(ListOp::named("all_to_all", 0, max), Some(ListOp::AllToAll));
+        assert_eq!(
+            ListOp::named("reduce_scatter", 0, max),
+            Some(ListOp::ReduceScatter(max))
+        );
+        assert_eq!(ListOp::named("all_reduce", 0, max), None);
     }
 }
