@@ -664,8 +664,8 @@ def _direct_call() -> None:
     """Makes ``torch.ops.ringlet.all_reduce_(...)`` call torch's C++ operator
     entry directly. torch's ``OpOverloadPacket.__call__`` is a Python frame
     whose only work is to divert TorchBind arguments (this schema has none);
-    it cost about 0.5 µs of a 4 KiB call's 2-4 µs in one process and 0.9 µs
-    per call back to back on 2 ranks (``bench c10d --what doors``). The
+    it cost about 0.5 µs of a 4 KiB call's 2-4 µs in one process and
+    0.17-0.24 µs per call back to back on 2 ranks. The
     packet stays the same object, an ``OpOverloadPacket``, only its class
     changes (as ``ringlet.ops``' functional operators do), so ``.default``,
     ``torch.compile`` and references taken earlier work as before. Left as
